@@ -1,0 +1,60 @@
+# The two commands: `make run` and `make test`. Both set everything up from a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+CACHE ?= $(HOME)/.cache/llamadesk
+ASSETS ?= $(CACHE)/test-assets
+
+# llama-cpp-python compiles its vendored llama.cpp. GGML_NATIVE keeps every fast CPU path of
+# the build machine (AVX2/AVX-512/VNNI/BF16) except AMX: some VMs advertise AMX but fault on
+# its tile instructions (SIGILL in ggml's AMX kernel on any quantized GGUF), so AMX is
+# switched off on x86_64. Tools/tests/examples are not needed by the Python package.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF
+ifeq ($(shell uname -m),x86_64)
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+LLAMA_CMAKE_ARGS += -DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)"
+endif
+# The wheel is cached per build configuration, so a second `make test` never rebuilds it.
+LLAMA_TAG := $(shell echo '$(LLAMA_CPP_VERSION) $(LLAMA_CMAKE_ARGS)' | sha1sum | cut -c1-12)
+LLAMA_WHEEL_DIR := $(CACHE)/wheels/llama-cpp-python-$(LLAMA_TAG)
+
+.PHONY: run test bench assets llama-wheel clean
+run: $(VENV)/.installed
+	$(BIN)/llamadesk $(ARGS)
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"
+	LLAMADESK_TEST_ASSETS="$(ASSETS)" $(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"
+	LLAMADESK_TEST_ASSETS="$(ASSETS)" $(BIN)/python tests/bench/bench_concurrency.py $(BENCH_ARGS)
+
+assets: $(VENV)/.installed-test
+	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip wheel
+
+llama-wheel: $(LLAMA_WHEEL_DIR)/.done
+$(LLAMA_WHEEL_DIR)/.done: | $(VENV)/bin/python
+	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) from source (once per configuration, ~10 min on 2 cores)"
+	mkdir -p "$(LLAMA_WHEEL_DIR)"
+	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	  $(BIN)/pip wheel --no-deps --no-binary llama-cpp-python -w "$(LLAMA_WHEEL_DIR)" llama-cpp-python==$(LLAMA_CPP_VERSION)
+	touch "$@"
+
+$(VENV)/.installed: pyproject.toml $(LLAMA_WHEEL_DIR)/.done | $(VENV)/bin/python
+	$(BIN)/pip install -q "$(LLAMA_WHEEL_DIR)"/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl
+	$(BIN)/pip install -q -e .
+	touch "$@"
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[test]'
+	touch "$@"
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,1 @@
+"""The desktop application and the command-line entry point."""

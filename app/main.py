@@ -1,0 +1,41 @@
+"""`llamadesk`: the desktop app, or with --no-gui (or no display) the headless server."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from engine.config import ConfigError, load
+
+log = logging.getLogger("llamadesk.app")
+
+
+def has_display() -> bool:
+    """Whether a GUI could open a window here."""
+    if sys.platform in ("win32", "darwin"):
+        return True
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the configuration and run; returns the exit code (2 for bad configuration or models)."""
+    try:
+        config = load(argv)
+    except ConfigError as e:
+        print(f"llamadesk: error: {e}", file=sys.stderr)
+        return 2
+    from app import logs
+    logfile = logs.setup(config.log_level)
+    if logfile:
+        log.info("logging to %s", logfile)
+    if not config.no_gui:
+        if has_display():
+            log.info("the desktop window is not built yet: running the server headless")
+        else:
+            log.info("no display found: running headless (the same as --no-gui)")
+    from app import headless
+    return headless.run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

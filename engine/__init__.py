@@ -1,0 +1,1 @@
+"""Inference and model management. Imports neither Qt nor aiohttp.web."""

@@ -1,0 +1,228 @@
+"""One declarative configuration schema: it generates the CLI flags, the TOML keys and the
+per-key source report (default / toml / cli) that /config and the Settings panel show."""
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+APP_NAME = "llamadesk"
+
+
+class ConfigError(Exception):
+    """A configuration value is invalid; the message names the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One configuration key: its TOML name is `name`, its flag `--name-with-dashes`."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    short: str | None = None
+    choices: tuple[str, ...] | None = None
+    minimum: int | None = None
+    maximum: int | None = None
+    cli_only: bool = False  # flags that make no sense in a config file
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parse(self, raw: Any, where: str) -> Any:
+        """Convert raw (a CLI string or a TOML value) to this option's type, or raise ConfigError."""
+        label = f"{self.flag} ({where})" if where == "cli" else f"'{self.name}' ({where})"
+        value = raw
+        try:
+            if self.type is bool:
+                if isinstance(raw, str):
+                    if raw.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                        raise ValueError
+                    value = raw.lower() in ("1", "true", "yes", "on")
+                elif not isinstance(raw, bool):
+                    raise ValueError
+            elif self.type is int:
+                if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+                    raise ValueError
+                value = int(raw)
+            elif self.type is str:
+                if not isinstance(raw, str):
+                    raise ValueError
+        except ValueError:
+            raise ConfigError(f"invalid value for {label}: {raw!r} is not {_type_word(self.type)}") from None
+        if self.choices is not None and value not in self.choices:
+            raise ConfigError(f"invalid value for {label}: {raw!r}; allowed: {', '.join(self.choices)}")
+        if self.minimum is not None and value < self.minimum:
+            raise ConfigError(f"invalid value for {label}: {raw!r}; must be >= {self.minimum}")
+        if self.maximum is not None and value > self.maximum:
+            raise ConfigError(f"invalid value for {label}: {raw!r}; must be <= {self.maximum}")
+        return value
+
+
+def _type_word(t: type) -> str:
+    return {int: "an integer", bool: "a boolean (true/false)", str: "a string"}[t]
+
+
+SCHEMA: tuple[Option, ...] = (
+    Option("config", str, None, "path of the TOML config file", short="-c", cli_only=True),
+    Option("model", str, None, "GGUF file to serve (adds it to the roster as the default model)", short="-m"),
+    Option("host", str, "127.0.0.1", "address to bind; 0.0.0.0 exposes the server to the network"),
+    Option("port", int, 8080, "TCP port of the OpenAI-compatible server (0 = any free port)", short="-p",
+           minimum=0, maximum=65535),
+    Option("ctx", int, 4096, "context length per stream, in tokens (clamped to the model's training context)",
+           minimum=64),
+    Option("max_tokens", int, 4096, "default completion length when a request does not say", minimum=1),
+    Option("streams", int, 4, "concurrent generation streams per model (continuous batching)", short="-s",
+           minimum=1, maximum=64),
+    Option("threads", int, 0, "CPU threads for llama.cpp (0 = one per core)", short="-t", minimum=0),
+    Option("chunk", int, 512, "largest prefill slice per scheduler tick, in tokens", minimum=16),
+    Option("kv_dtype", str, "f16", "KV cache element type", choices=("f16", "q8_0", "q4_0")),
+    Option("gpu", str, "auto", "offload layers to a GPU when llama.cpp has one", choices=("auto", "off")),
+    Option("models_dir", str, None, "where downloaded models live (default: the user data dir)"),
+    Option("max_json_mb", int, 16, "largest JSON request body, in MB (413 beyond)", minimum=1),
+    Option("api_key", str, None, "when set, every request must carry 'Authorization: Bearer <key>'"),
+    Option("log_level", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
+    Option("no_gui", bool, False, "run the server headless, without importing Qt", cli_only=True),
+)
+OPTIONS = {o.name: o for o in SCHEMA}
+MODEL_KEYS = {"name": str, "path": str, "default": bool, "ctx": int, "streams": int, "chunk": int,
+              "kv_dtype": str}
+
+
+@dataclass
+class ModelEntry:
+    """One [[models]] roster entry; per-entry settings override the global ones."""
+
+    name: str
+    path: str
+    default: bool = False
+    ctx: int | None = None
+    streams: int | None = None
+    chunk: int | None = None
+    kv_dtype: str | None = None
+
+
+@dataclass
+class Config:
+    """Effective configuration: values, where each came from, and the model roster."""
+
+    values: dict[str, Any]
+    sources: dict[str, str]
+    models: list[ModelEntry] = field(default_factory=list)
+    path: Path | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        """Each key with its value, source and help, for /config and the Settings panel."""
+        return {o.name: {"value": self.values[o.name], "source": self.sources[o.name], "help": o.help}
+                for o in SCHEMA}
+
+    def models_dir(self) -> Path:
+        """Where models live: models_dir, else $LLAMADESK_MODELS_DIR, else <user data dir>/models."""
+        if self.values.get("models_dir"):
+            return Path(self.values["models_dir"]).expanduser()
+        if os.environ.get("LLAMADESK_MODELS_DIR"):
+            return Path(os.environ["LLAMADESK_MODELS_DIR"]).expanduser()
+        return Path(platformdirs.user_data_dir(APP_NAME)) / "models"
+
+
+def default_config_path() -> Path:
+    """llamadesk.toml in the platform's user config dir."""
+    return Path(platformdirs.user_config_dir(APP_NAME)) / "llamadesk.toml"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI, generated from SCHEMA; every flag defaults to 'not given'."""
+    p = argparse.ArgumentParser(prog=APP_NAME, description="Run local AI models behind an OpenAI-compatible API.",
+                                argument_default=argparse.SUPPRESS)
+    for o in SCHEMA:
+        names = [o.flag] + ([o.short] if o.short else [])
+        default_txt = "" if o.default is None else f" (default: {o.default})"
+        if o.type is bool:
+            p.add_argument(*names, action="store_const", const="true", dest=o.name, help=o.help)
+        else:
+            metavar = "{" + ",".join(o.choices) + "}" if o.choices else o.name.upper()
+            p.add_argument(*names, dest=o.name, metavar=metavar, help=o.help + default_txt)
+    return p
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+
+
+def _parse_models(raw: Any, path: Path) -> list[ModelEntry]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"'models' in {path} must be an array of tables ([[models]])")
+    entries = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or "path" not in item:
+            raise ConfigError(f"[[models]] entry {i + 1} in {path} needs a 'path'")
+        for k, v in item.items():
+            if k not in MODEL_KEYS:
+                raise ConfigError(f"unknown key '{k}' in [[models]] entry {i + 1}; allowed: {', '.join(MODEL_KEYS)}")
+            if k in OPTIONS:
+                OPTIONS[k].parse(v, f"[[models]] {i + 1}")
+            elif not isinstance(v, MODEL_KEYS[k]):
+                raise ConfigError(f"invalid value for '{k}' in [[models]] entry {i + 1}: {v!r}")
+        item = dict(item)
+        item.setdefault("name", Path(item["path"]).stem)
+        entries.append(ModelEntry(**item))
+    return entries
+
+
+def load(argv: list[str] | None = None, env_path: Path | None = None) -> Config:
+    """Merge defaults, the TOML file and the CLI into one Config (raises ConfigError)."""
+    cli_raw = vars(build_parser().parse_args(argv))
+    cli = {k: OPTIONS[k].parse(v, "cli") for k, v in cli_raw.items()}
+
+    path = Path(cli["config"]).expanduser() if cli.get("config") else (env_path or default_config_path())
+    toml: dict[str, Any] = {}
+    models: list[ModelEntry] = []
+    authoritative = False
+    if path.exists() or cli.get("config"):
+        doc = _read_toml(path)
+        authoritative = bool(doc.pop("authoritative", False))
+        if "models" in doc:
+            models = _parse_models(doc.pop("models"), path)
+        for k, v in doc.items():
+            opt = OPTIONS.get(k)
+            if opt is None or opt.cli_only:
+                allowed = ", ".join(o.name for o in SCHEMA if not o.cli_only)
+                raise ConfigError(f"unknown key '{k}' in {path}; allowed: {allowed}, authoritative, [[models]]")
+            toml[k] = opt.parse(v, "toml")
+
+    layers = [("default", {o.name: o.default for o in SCHEMA})]
+    layers += [("cli", cli), ("toml", toml)] if authoritative else [("toml", toml), ("cli", cli)]
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for source, layer in layers:
+        for k, v in layer.items():
+            values[k] = v
+            sources[k] = source
+    cfg = Config(values=values, sources=sources, models=models, path=path)
+    if values.get("model"):
+        # --model puts that file first as the default; the roster keeps its other entries.
+        name = Path(values["model"]).stem
+        cfg.models = [ModelEntry(name=name, path=values["model"], default=True)] + \
+                     [m for m in models if m.name != name]
+        for m in cfg.models[1:]:
+            m.default = False
+    return cfg

@@ -1,0 +1,43 @@
+"""Typed engine errors. server/errors.py maps each class to an HTTP status in one place."""
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error the engine reports to a caller."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(EngineError):
+    """The request is malformed or asks for something out of range."""
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt (plus the requested completion) does not fit the context."""
+
+
+class ModelNotFound(EngineError):
+    """The request names a model that is not in the roster."""
+
+
+class UnsupportedByModel(InvalidRequest):
+    """The model cannot serve this kind of request (e.g. chat on an embedding model)."""
+
+
+class QueueFull(EngineError):
+    """Every stream is busy and the wait queue is at its bound."""
+
+
+class NoModelLoaded(EngineError):
+    """The server runs in setup mode: nothing is loaded to serve the request."""
+
+
+class ModelLoadError(EngineError):
+    """A model file is missing, truncated or not a GGUF llama.cpp can load."""
+
+
+class EngineStopped(EngineError):
+    """The engine is shutting down and takes no more work."""

@@ -1,0 +1,372 @@
+"""The mechanism: every call into llama.cpp (llama-cpp-python's low-level API) lives here.
+
+Model weights, vocabularies, batch contexts, embedding contexts and sampler chains. Nothing
+here decides *what* to run; engine/scheduler.py does. All context calls happen on the
+scheduler thread; vocab reads (tokenize, pieces) are read-only and safe from any thread.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections import deque
+from pathlib import Path
+
+import llama_cpp as L
+import numpy as np
+
+from engine.errors import ModelLoadError
+
+log = logging.getLogger("llamadesk.llama")
+
+KV_TYPES = {"f16": L.GGML_TYPE_F16, "q8_0": L.GGML_TYPE_Q8_0, "q4_0": L.GGML_TYPE_Q4_0}
+_GGUF_MAGIC = b"GGUF"
+
+_init_lock = threading.Lock()
+_initialized = False
+# llama.cpp's recent error lines, to explain a failed load without a traceback.
+_recent_errors: deque[str] = deque(maxlen=8)
+# ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous line's level.
+_LOG_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_last_level = logging.DEBUG
+
+
+@L.llama_log_callback
+def _on_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    global _last_level
+    py_level = _last_level if level == 5 else _LOG_LEVELS.get(level, logging.DEBUG)
+    _last_level = py_level
+    msg = text.decode("utf-8", "replace").rstrip()
+    if not msg:
+        return
+    if py_level >= logging.ERROR:
+        _recent_errors.append(msg)
+    log.log(py_level, "%s", msg)
+
+
+def init_backend() -> None:
+    """Initialise llama.cpp once per process and route its log into Python logging."""
+    global _initialized
+    with _init_lock:
+        if not _initialized:
+            L.llama_log_set(_on_llama_log, ctypes.c_void_p(0))
+            L.llama_backend_init()
+            _initialized = True
+
+
+def system_info() -> str:
+    """llama.cpp's one-line description of the CPU features it uses."""
+    return L.llama_print_system_info().decode().strip()
+
+
+def default_threads() -> int:
+    """One llama.cpp thread per available core."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+class LlamaModel:
+    """A loaded GGUF: weights (mmap'd), vocabulary and metadata."""
+
+    def __init__(self, path: Path, gpu: str = "auto"):
+        init_backend()
+        self.path = Path(path)
+        _check_gguf(self.path)
+        params = L.llama_model_default_params()
+        params.n_gpu_layers = 999 if gpu == "auto" else 0
+        _recent_errors.clear()
+        ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
+        if not ptr:
+            detail = "; ".join(_recent_errors) or "llama.cpp could not load it"
+            raise ModelLoadError(f"cannot load model {self.path}: {detail}")
+        self.ptr = ptr
+        self.vocab = L.llama_model_get_vocab(ptr)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = L.llama_model_n_ctx_train(ptr)
+        self.n_embd = L.llama_model_n_embd(ptr)
+        self.n_params = L.llama_model_n_params(ptr)
+        self.arch = self.meta("general.architecture") or "unknown"
+        self.has_encoder = bool(L.llama_model_has_encoder(ptr))
+        # An embedding model (BERT and kin) declares a pooling type and has no causal decoder.
+        self.is_embedding_model = self.meta(f"{self.arch}.pooling_type") is not None or \
+            self.meta(f"{self.arch}.attention.causal") == "false"
+        tmpl = L.llama_model_chat_template(ptr, None)
+        self.chat_template = tmpl.decode("utf-8") if tmpl else None
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        self.bos_id = L.llama_vocab_bos(self.vocab)
+        self.eos_id = L.llama_vocab_eos(self.vocab)
+        self.eog_ids = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)) \
+            if self.n_vocab <= 300_000 else frozenset({self.eos_id})
+        self._pieces: list[bytes | None] = [None] * self.n_vocab
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_model_desc(ptr, buf, 256)
+        self.description = buf.value[:n].decode("utf-8", "replace")
+        self.file_size = self.path.stat().st_size
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as a string, or None when the key is absent."""
+        buf = ctypes.create_string_buffer(512)
+        n = L.llama_model_meta_val_str(self.ptr, key.encode(), buf, 512)
+        if n < 0:
+            return None
+        if n >= 512:
+            buf = ctypes.create_string_buffer(n + 1)
+            L.llama_model_meta_val_str(self.ptr, key.encode(), buf, n + 1)
+        return buf.value.decode("utf-8", "replace")
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        """Text to token ids (special tokens such as <|im_start|> recognised when parse_special)."""
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        arr = (L.llama_token * cap)()
+        n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (L.llama_token * cap)()
+            n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
+        return list(arr[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a token stands for (control tokens render as nothing)."""
+        cached = self._pieces[token]
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = L.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def token_text(self, token: int) -> str:
+        """The literal text of a token, special ones included (for chat templates)."""
+        if token < 0:
+            return ""
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.vocab, token, buf, 64, 0, True)
+        return buf.raw[:max(n, 0)].decode("utf-8", "replace")
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Token ids back to text."""
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def quant(self) -> str:
+        """The file type name (Q4_1, F16, …) as recorded in general.file_type."""
+        ft = self.meta("general.file_type")
+        names = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+                 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+                 17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+        return names.get(int(ft), f"type {ft}") if ft and ft.isdigit() else "unknown"
+
+    def free(self) -> None:
+        """Release the weights."""
+        if self.ptr:
+            L.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+def _check_gguf(path: Path) -> None:
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelLoadError(f"model path is not a file: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != _GGUF_MAGIC:
+        raise ModelLoadError(f"{path} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+
+
+class BatchContext:
+    """A generation context with one KV sequence per stream, decoded one batch per tick."""
+
+    def __init__(self, model: LlamaModel, n_seq: int, ctx_per_seq: int, n_batch: int, threads: int,
+                 kv_dtype: str):
+        p = L.llama_context_default_params()
+        p.n_ctx = ctx_per_seq * n_seq
+        p.n_batch = n_batch
+        p.n_ubatch = n_batch
+        p.n_seq_max = n_seq
+        p.n_threads = threads
+        p.n_threads_batch = threads
+        p.type_k = KV_TYPES[kv_dtype]
+        p.type_v = KV_TYPES[kv_dtype]
+        p.kv_unified = False  # each stream owns ctx_per_seq cells: one long stream cannot starve the rest
+        p.no_perf = True
+        if kv_dtype != "f16":
+            p.flash_attn_type = 1  # a quantized V cache needs flash attention
+        self.model = model
+        self.ctx = L.llama_init_from_model(model.ptr, p)
+        if not self.ctx:
+            raise ModelLoadError(f"cannot create a context for {model.path} (ctx {p.n_ctx}, {n_seq} streams): "
+                                 + ("; ".join(_recent_errors) or "out of memory?"))
+        self.mem = L.llama_get_memory(self.ctx)
+        self.n_batch = n_batch
+        self.n_seq = n_seq
+        self.n_vocab = model.n_vocab
+        self.batch = L.llama_batch_init(n_batch, 0, n_seq)
+        b = self.batch
+        self._tok = np.ctypeslib.as_array(b.token, shape=(n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
+        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(n_batch,))
+        self._out = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(n_batch,))
+        self._seq_ptrs = [b.seq_id[i] for i in range(n_batch)]
+        self._nseq[:] = 1
+
+    def decode_prefill(self, seq: int, tokens: list[int], start_pos: int, offset: int, want_last: bool) -> None:
+        """Fill batch rows offset.. with a prefill slice of one sequence (vectorised)."""
+        n = len(tokens)
+        sl = slice(offset, offset + n)
+        self._tok[sl] = tokens
+        self._pos[sl] = np.arange(start_pos, start_pos + n, dtype=np.int32)
+        self._out[sl] = 0
+        if want_last:
+            self._out[offset + n - 1] = 1
+        for i in range(offset, offset + n):
+            self._seq_ptrs[i][0] = seq
+
+    def set_row(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+        """Fill one batch row (a decoding stream's next token)."""
+        self._tok[i] = token
+        self._pos[i] = pos
+        self._seq_ptrs[i][0] = seq
+        self._out[i] = logits
+
+    def run(self, n_tokens: int) -> None:
+        """Decode the first n_tokens rows filled with set_row/decode_prefill."""
+        self.batch.n_tokens = n_tokens
+        rc = L.llama_decode(self.ctx, self.batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc} for a batch of {n_tokens} tokens")
+
+    def logits(self, row: int) -> np.ndarray:
+        """The logits of batch row `row` from the last decode (a view, valid until the next decode)."""
+        ptr = L.llama_get_logits_ith(self.ctx, row)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def keep_prefix(self, seq: int, n_keep: int) -> bool:
+        """Drop a sequence's cached KV from position n_keep on; False if the memory cannot do it."""
+        return bool(L.llama_memory_seq_rm(self.mem, seq, n_keep, -1))
+
+    def clear_seq(self, seq: int) -> None:
+        """Forget everything a sequence holds."""
+        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+    def free(self) -> None:
+        """Release the context and its batch."""
+        if self.ctx:
+            L.llama_batch_free(self.batch)
+            L.llama_free(self.ctx)
+            self.ctx = None
+
+
+class EmbedContext:
+    """A mean-pooling embedding context; several inputs go through one decode as separate sequences."""
+
+    MAX_SEQS = 16
+
+    def __init__(self, model: LlamaModel, threads: int, n_batch: int):
+        p = L.llama_context_default_params()
+        p.n_ctx = n_batch
+        p.n_batch = n_batch
+        p.n_ubatch = n_batch  # non-causal encoders need a whole input in one micro-batch
+        p.n_seq_max = self.MAX_SEQS
+        p.n_threads = threads
+        p.n_threads_batch = threads
+        p.embeddings = True
+        p.pooling_type = L.LLAMA_POOLING_TYPE_MEAN
+        p.kv_unified = True
+        p.no_perf = True
+        self.model = model
+        self.ctx = L.llama_init_from_model(model.ptr, p)
+        if not self.ctx:
+            raise ModelLoadError(f"cannot create an embedding context for {model.path}")
+        self.n_batch = n_batch
+        self.mem = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(n_batch, 0, self.MAX_SEQS)
+
+    def embed_group(self, inputs: list[list[int]]) -> list[np.ndarray]:
+        """Mean-pooled, L2-normalised vectors of several token lists decoded in one batch."""
+        b = self.batch
+        i = 0
+        for s, toks in enumerate(inputs):
+            for p, t in enumerate(toks):
+                b.token[i] = t
+                b.pos[i] = p
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = s
+                b.logits[i] = 1
+                i += 1
+        b.n_tokens = i
+        if self.mem:
+            L.llama_memory_clear(self.mem, True)
+        rc = L.llama_decode(self.ctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc} while embedding")
+        n_embd = self.model.n_embd
+        out = []
+        for s in range(len(inputs)):
+            ptr = L.llama_get_embeddings_seq(self.ctx, s)
+            v = np.ctypeslib.as_array(ptr, shape=(n_embd,)).astype(np.float32)
+            norm = float(np.linalg.norm(v))
+            out.append(v / norm if norm > 0 else v)
+        return out
+
+    def free(self) -> None:
+        """Release the context."""
+        if self.ctx:
+            L.llama_batch_free(self.batch)
+            L.llama_free(self.ctx)
+            self.ctx = None
+
+
+class SamplerChain:
+    """A per-stream llama.cpp sampler chain, with a numpy fast path for plain greedy decoding."""
+
+    def __init__(self, model: LlamaModel, *, temperature: float, top_k: int, top_p: float, min_p: float,
+                 repeat_penalty: float, presence_penalty: float, frequency_penalty: float, penalty_last_n: int,
+                 seed: int, logit_bias: dict[int, float]):
+        penalties = repeat_penalty != 1.0 or presence_penalty != 0.0 or frequency_penalty != 0.0
+        self.greedy_fast = temperature <= 0 and not penalties
+        self.bias_ids = np.array(list(logit_bias), dtype=np.int64)
+        self.bias_vals = np.array(list(logit_bias.values()), dtype=np.float32)
+        self.chain = None
+        if self.greedy_fast:
+            return  # the whole-vocabulary greedy chain costs 10x a numpy argmax (perf notes)
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if logit_bias:
+            arr = (L.llama_logit_bias * len(logit_bias))(*[L.llama_logit_bias(t, b) for t, b in logit_bias.items()])
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(model.n_vocab, len(logit_bias), arr))
+        if penalties:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
+                penalty_last_n, repeat_penalty, frequency_penalty, presence_penalty))
+        if temperature <= 0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+        else:
+            if top_k > 0:
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(top_k))
+            if top_p < 1.0:
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(top_p, 1))
+            if min_p > 0.0:
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(min_p, 1))
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(temperature))
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        self.chain = chain
+
+    def sample(self, bctx: BatchContext, row: int) -> int:
+        """Pick the next token from batch row `row` of the last decode."""
+        if self.greedy_fast:
+            logits = bctx.logits(row)
+            if self.bias_ids.size:
+                logits = logits.copy()
+                logits[self.bias_ids] += self.bias_vals
+            return int(np.argmax(logits))
+        return int(L.llama_sampler_sample(self.chain, bctx.ctx, row))
+
+    def free(self) -> None:
+        """Release the native chain."""
+        if self.chain:
+            L.llama_sampler_free(self.chain)
+            self.chain = None

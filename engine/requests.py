@@ -1,0 +1,45 @@
+"""What a caller asks the engine for, in engine terms (no HTTP here)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens and when to stop."""
+
+    max_tokens: int | None = None  # None: the configured default, clamped to the context
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass
+class ChatRequest:
+    """A chat completion: messages rendered through the model's chat template."""
+
+    model: str | None
+    messages: list[dict[str, Any]]
+    sampling: SamplingParams
+    truncation: str = "disabled"  # or "auto": drop the oldest turns until the prompt fits
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CompletionRequest:
+    """A raw completion of a text (or token) prompt."""
+
+    model: str | None
+    prompt: str | list[int]
+    sampling: SamplingParams
+    echo: bool = False

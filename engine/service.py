@@ -1,0 +1,402 @@
+"""The facade the HTTP routes and the GUI panels both call (in process, awaited on the loop).
+
+One scheduler thread owns every llama.cpp context call and steps each slot in turn; callers on
+the asyncio side get a per-request `Generation` that the thread fills through
+`loop.call_soon_threadsafe`, once per tick for all streams together.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import os
+import platform
+import threading
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+from engine import llama
+from engine.chat import turns
+from engine.config import Config, ModelEntry
+from engine.errors import (ContextLengthExceeded, EngineError, EngineStopped, InvalidRequest, ModelNotFound,
+                           NoModelLoaded, QueueFull)
+from engine.requests import ChatRequest, CompletionRequest, SamplingParams
+from engine.slot import Slot, SlotSettings
+
+log = logging.getLogger("llamadesk.engine")
+VERSION = "0.1.0"
+MAX_QUEUED = 32  # requests waiting for a stream, per model, before 503
+
+
+class Generation:
+    """One request's collector: the scheduler thread fills it, the caller iterates its text."""
+
+    def __init__(self, service: "Service", slot: Slot, request_id: str):
+        self.id = request_id
+        self.model = slot.id
+        self.created = int(time.time())
+        self._service = service
+        self._slot = slot
+        self._stream = None
+        self.prompt_tokens = 0
+        self._pending: list[str] = []
+        self._wake = asyncio.Event()
+        self._ended = False
+        self.error: EngineError | None = None
+        self.finish_reason: str | None = None
+        self.usage: dict[str, int] = {}
+
+    def push(self, event: tuple) -> None:
+        """Take an event from the scheduler thread (runs on the event loop)."""
+        kind = event[0]
+        if kind == "delta":
+            self._pending.append(event[1])
+        elif kind == "end":
+            self.finish_reason, self.usage = event[1], event[2]
+            self._close()
+        elif kind == "error":
+            self.error = event[1]
+            self._close()
+        self._wake.set()
+
+    def _close(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._slot.outstanding -= 1
+
+    async def chunks(self) -> AsyncIterator[str]:
+        """The generated text as it comes, one string per delivery (all pieces since the last one)."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._pending:
+                text = "".join(self._pending)
+                self._pending.clear()
+                yield text
+            if self.error:
+                raise self.error
+            if self._ended:
+                return
+
+    async def text(self) -> str:
+        """The whole generated text (buffered mode)."""
+        return "".join([c async for c in self.chunks()])
+
+    def cancel(self) -> None:
+        """Abort the request in the engine: its stream is evicted at the next tick."""
+        if self._stream is not None and not self._ended:
+            self._stream.job.cancel_tick = self._slot.stats.decode_calls
+            self._stream.cancelled = True
+            self._service._worker.wake()
+
+
+class _Worker(threading.Thread):
+    """The scheduler thread: runs queued calls, then one tick of every slot, then delivers."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, slots: Callable[[], list[Slot]]):
+        super().__init__(name="llamadesk-scheduler", daemon=True)
+        self._loop = loop
+        self._slots = slots
+        self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
+        self._event = threading.Event()
+        self._stopping = False
+        self.ticks = 0
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run fn on the scheduler thread between ticks; its result comes back as a future."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if self._stopping:
+            fut.set_exception(EngineStopped("the engine is shutting down"))
+            return fut
+        self._calls.append((fn, fut))
+        self._event.set()
+        return fut
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._event.set()
+
+    def run(self) -> None:
+        while not self._stopping:
+            while self._calls:
+                fn, fut = self._calls.popleft()
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as e:  # delivered to the awaiting caller
+                        fut.set_exception(e)
+            out: list = []
+            worked = False
+            for slot in self._slots():
+                try:
+                    worked |= slot.step(out)
+                except Exception:
+                    log.exception("scheduler tick failed for %s; ending its streams", slot.id)
+                    for s in slot.live_streams():
+                        slot._end(s, "error", out, error=EngineError("internal error in the scheduler"))
+            if out:
+                self.ticks += 1
+                self._loop.call_soon_threadsafe(_deliver, out)
+            if not worked and not self._calls:
+                self._event.wait()
+                self._event.clear()
+        while self._calls:  # nobody will run these now
+            _, fut = self._calls.popleft()
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(EngineStopped("the engine is shutting down"))
+
+
+def _deliver(out: list) -> None:
+    for sink, event in out:
+        sink.push(event)
+
+
+class Service:
+    """Models, generation, embeddings and counters behind one in-process API."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.slots: dict[str, Slot] = {}
+        self.default_id: str | None = None
+        self.started = time.monotonic()
+        self._worker: _Worker | None = None
+        self._prep = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="llamadesk-prep")
+        self._ids = itertools.count(1)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    def slot_settings(self, entry: ModelEntry) -> SlotSettings:
+        """The global settings with the roster entry's overrides applied."""
+        c = self.config
+        return SlotSettings(streams=entry.streams or c.streams, ctx=entry.ctx or c.ctx, chunk=entry.chunk or c.chunk,
+                            kv_dtype=entry.kv_dtype or c.kv_dtype, threads=c.threads or llama.default_threads(),
+                            default_max_tokens=c.max_tokens, gpu=c.gpu)
+
+    def load_models(self) -> None:
+        """Load every roster entry (blocking; call before start(), or from a worker thread)."""
+        for entry in self.config.models:
+            t0 = time.monotonic()
+            slot = Slot(entry.name, Path(entry.path).expanduser(), self.slot_settings(entry))
+            self.slots[entry.name] = slot
+            if entry.default or self.default_id is None:
+                self.default_id = entry.name
+            log.info("loaded %s (%s, %s, ctx %d x %d streams) in %.1f s", entry.name, slot.model.arch,
+                     slot.model.quant(), slot.ctx, slot.settings.streams, time.monotonic() - t0)
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Start the scheduler thread, delivering to loop (the running loop by default)."""
+        loop = loop or asyncio.get_running_loop()
+        self._worker = _Worker(loop, lambda: list(self.slots.values()))
+        self._worker.start()
+
+    async def stop(self) -> None:
+        """Abort every request, stop the scheduler thread and free the models."""
+        if self._worker is None:
+            return
+        for slot in self.slots.values():
+            for s in slot.live_streams():
+                s.cancelled = True
+        worker = self._worker
+        fut = worker.call(lambda: [slot.step([]) for slot in self.slots.values()])
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(fut), 10)
+        except (asyncio.TimeoutError, EngineError):
+            pass
+        worker.stop()
+        await asyncio.get_running_loop().run_in_executor(None, worker.join, 10)
+        for slot in self.slots.values():
+            slot.free()
+        self._worker = None
+        self._prep.shutdown(wait=False)
+
+    @property
+    def setup_mode(self) -> bool:
+        return not self.slots
+
+    def _run(self, fn: Callable[[], Any]) -> asyncio.Future:
+        if self._worker is None:
+            raise EngineStopped("the engine is not running")
+        return asyncio.wrap_future(self._worker.call(fn))
+
+    # ---- routing ------------------------------------------------------------------------------
+
+    def slot_for(self, model: str | None) -> Slot:
+        """The slot serving `model` (None: the default); ModelNotFound / NoModelLoaded otherwise."""
+        if not self.slots:
+            raise NoModelLoaded("no model loaded: download one from the catalog (GET /catalog) or start with --model")
+        if model is None or model == "":
+            return self.slots[self.default_id]
+        slot = self.slots.get(model)
+        if slot is None:
+            raise ModelNotFound(f"The model '{model}' does not exist; available: {', '.join(self.slots)}", "model")
+        return slot
+
+    # ---- generation ---------------------------------------------------------------------------
+
+    async def chat(self, req: ChatRequest) -> Generation:
+        """Render, tokenize and queue a chat completion; iterate the result's chunks()."""
+        slot = self.slot_for(req.model)
+        prompt = await asyncio.get_running_loop().run_in_executor(self._prep, self._chat_tokens, slot, req)
+        return self._submit(slot, prompt, req.sampling)
+
+    async def complete(self, req: CompletionRequest) -> Generation:
+        """Tokenize and queue a raw completion."""
+        slot = self.slot_for(req.model)
+        if isinstance(req.prompt, str):
+            prompt = await asyncio.get_running_loop().run_in_executor(self._prep, self._tokenize, slot, req.prompt)
+        else:
+            prompt = list(req.prompt)
+            bad = [t for t in prompt if not 0 <= t < slot.model.n_vocab]
+            if bad:
+                raise InvalidRequest(f"token id {bad[0]} is outside the vocabulary (0..{slot.model.n_vocab - 1})",
+                                     "prompt")
+        if not prompt:
+            raise InvalidRequest("the prompt is empty", "prompt")
+        return self._submit(slot, prompt, req.sampling)
+
+    def _submit(self, slot: Slot, prompt: list[int], sampling: SamplingParams) -> Generation:
+        if self._worker is None:
+            raise EngineStopped("the engine is not running")
+        if slot.outstanding >= slot.settings.streams + MAX_QUEUED:
+            slot.stats.rejected_requests += 1
+            raise QueueFull(f"model '{slot.id}' is busy: {slot.settings.streams} streams generating and "
+                            f"{MAX_QUEUED} requests queued; retry later")
+        gen = Generation(self, slot, f"{next(self._ids):x}{uuid.uuid4().hex[:12]}")
+        stream = slot.make_stream(gen.id, prompt, sampling, gen, explicit_max=sampling.max_tokens is not None)
+        gen._stream = stream
+        gen.prompt_tokens = len(prompt)
+        slot.outstanding += 1
+        slot.stats.requests += 1
+        slot.inbox.append(stream)
+        self._worker.wake()
+        return gen
+
+    def _tokenize(self, slot: Slot, text: str) -> list[int]:
+        m = slot.model
+        add_bos = m.add_bos and not (slot.template.bos and text.startswith(slot.template.bos))
+        return m.tokenize(text, add_special=add_bos, parse_special=True)
+
+    def _chat_tokens(self, slot: Slot, req: ChatRequest) -> list[int]:
+        """The prompt tokens; with truncation 'auto', oldest user-led turns go until it fits."""
+        messages = req.messages
+        tokens = self._tokenize(slot, slot.template.render(messages, **req.template_kwargs))
+        if req.truncation != "auto":
+            return tokens
+        sp = req.sampling
+        need = sp.max_tokens or min(slot.settings.default_max_tokens, slot.ctx // 4)
+        system, groups = turns(messages)
+        while len(tokens) + need > slot.ctx and len(groups) > 1:
+            groups.pop(0)
+            kept = system + [i for g in groups for i in g]
+            messages = [req.messages[i] for i in kept]
+            tokens = self._tokenize(slot, slot.template.render(messages, **req.template_kwargs))
+        if len(tokens) + need > slot.ctx:
+            raise ContextLengthExceeded(
+                f"even with truncation the system prompt and latest turn take {len(tokens)} tokens, which with "
+                f"{need} for the completion exceeds the context of {slot.ctx}", "messages")
+        return tokens
+
+    # ---- embeddings ---------------------------------------------------------------------------
+
+    async def embed(self, model: str | None, inputs: list[str | list[int]]) -> tuple[str, list, int]:
+        """(model id, unit-norm vectors, prompt tokens) for every input, batched into few decodes."""
+        slot = self.slot_for(model)
+        loop = asyncio.get_running_loop()
+        toks = await loop.run_in_executor(self._prep, self._embed_tokens, slot, inputs)
+        vectors = await self._run(lambda: slot.embed(toks))
+        return slot.id, vectors, sum(len(t) for t in toks)
+
+    def _embed_tokens(self, slot: Slot, inputs: list[str | list[int]]) -> list[list[int]]:
+        out = []
+        limit = slot.embed_limit()
+        for i, item in enumerate(inputs):
+            if isinstance(item, str):
+                if not item:
+                    raise InvalidRequest(f"input[{i}] is an empty string", "input")
+                toks = slot.model.tokenize(item, add_special=True, parse_special=False)
+            else:
+                toks = list(item)
+                if not toks or any(not 0 <= t < slot.model.n_vocab for t in toks):
+                    raise InvalidRequest(f"input[{i}] is not a non-empty list of valid token ids", "input")
+            if len(toks) > limit:
+                raise ContextLengthExceeded(f"input[{i}] is {len(toks)} tokens; model '{slot.id}' embeds at most "
+                                            f"{limit}", "input")
+            out.append(toks)
+        return out
+
+    # ---- observation --------------------------------------------------------------------------
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every served model, OpenAI /v1/models style plus llamadesk's details."""
+        return [{"id": s.id, "object": "model", "created": s.created, "owned_by": "llamadesk",
+                 "default": s.id == self.default_id, "kind": "embedding" if s.embedding_only else "llm",
+                 "state": s.state, "ctx": s.ctx, "streams": s.settings.streams, **s.describe()}
+                for s in self.slots.values()]
+
+    def stats(self) -> dict[str, Any]:
+        """Scheduler counters summed over slots, plus each slot's own (SPEC §4 names)."""
+        entries = [s.stats_entry() for s in self.slots.values()]
+        summed = {k: sum(e[k] for e in entries) for k in (
+            "gen_tokens", "prefill_tokens", "decode_calls", "prefix_cache_hits", "prefix_cache_reused_tokens",
+            "active_streams", "queued_streams", "rejected_requests", "requests", "gen_tok_s", "prefill_tok_s")}
+        summed["max_streams_per_decode"] = max((e["max_streams_per_decode"] for e in entries), default=0)
+        ttfts = [v for s in self.slots.values() for v in s.stats.ttft_ms]
+        summed["ttft_ms"] = _percentiles(ttfts)
+        return {"setup": self.setup_mode, "version": VERSION, "uptime_s": round(time.monotonic() - self.started, 1),
+                "hardware": hardware_line(), "memory": {"rss_bytes": rss_bytes()}, **summed, "models": entries}
+
+    def streams(self) -> dict[str, Any]:
+        """Live streams and the recently finished ones."""
+        out = []
+        for slot in self.slots.values():
+            out += [slot.stream_info(s) for s in list(slot.done)]
+            out += [slot.stream_info(s) for s in slot.live_streams()]
+        return {"streams": out}
+
+
+def _percentiles(vals: list[float]) -> dict[str, float]:
+    if not vals:
+        return {"avg": 0.0, "p50": 0.0, "p95": 0.0}
+    vals = sorted(vals)
+    pick = lambda q: vals[min(len(vals) - 1, int(q * (len(vals) - 1) + 0.5))]  # noqa: E731
+    return {"avg": round(sum(vals) / len(vals), 2), "p50": round(pick(0.5), 2), "p95": round(pick(0.95), 2)}
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+_hardware: str | None = None
+
+
+def hardware_line() -> str:
+    """One line naming the CPU, core count, memory and llama.cpp's CPU features."""
+    global _hardware
+    if _hardware is None:
+        cpu = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+        except OSError:
+            pass
+        mem = ""
+        try:
+            mem = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM"
+        except (ValueError, OSError, AttributeError):
+            pass
+        feats = [p.split("=")[0].strip() for p in llama.system_info().split("|") if p.strip().endswith("= 1")]
+        _hardware = f"{cpu}, {os.cpu_count()} cores{mem}; llama.cpp: {' '.join(feats)}"
+    return _hardware

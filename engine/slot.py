@@ -1,0 +1,346 @@
+"""A slot: one loaded GGUF, its batched generation context, and the runner that executes
+the scheduler's plan each tick (batch build, one llama_decode, sampling, detokenization).
+
+Everything in here runs on the scheduler thread, except the read-only snapshot methods.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.chat import ChatTemplate
+from engine.errors import ContextLengthExceeded, EngineError, UnsupportedByModel
+from engine.llama import BatchContext, EmbedContext, LlamaModel, SamplerChain
+from engine.requests import SamplingParams
+from engine.scheduler import Scheduler, Stream, StreamState
+from engine.text import StopMatcher, Utf8Stream
+
+log = logging.getLogger("llamadesk.engine")
+
+TAIL_CHARS = 80  # how much recent text /v1/streams shows per stream
+
+
+@dataclass
+class SlotSettings:
+    """Per-slot shape: streams, per-stream context, prefill chunk, KV type, threads."""
+
+    streams: int
+    ctx: int
+    chunk: int
+    kv_dtype: str
+    threads: int
+    default_max_tokens: int
+    gpu: str = "auto"
+
+
+@dataclass(eq=False)
+class Job:
+    """The runner's per-stream state."""
+
+    sink: Any  # has .push(event); called on the event loop
+    sampling: SamplingParams
+    max_tokens: int
+    sampler: SamplerChain | None = None
+    utf8: Utf8Stream = field(default_factory=Utf8Stream)
+    stops: StopMatcher | None = None
+    submitted: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    ended_at: float | None = None
+    tail: str = ""
+    finish_reason: str | None = None
+    cancel_tick: int | None = None
+    evict_ticks: int | None = None
+
+
+class SlotStats:
+    """Counters of one slot; computed once, read by /v1/stats, /metrics and the dashboard."""
+
+    RATE_WINDOW_S = 10.0
+
+    def __init__(self) -> None:
+        self.gen_tokens = 0
+        self.prefill_tokens = 0
+        self.decode_calls = 0
+        self.max_streams_per_decode = 0
+        self.prefix_cache_hits = 0
+        self.prefix_cache_reused_tokens = 0
+        self.rejected_requests = 0
+        self.requests = 0
+        self.embedding_inputs = 0
+        self.embedding_decodes = 0
+        self.ttft_ms: deque[float] = deque(maxlen=512)
+        self._recent: deque[tuple[float, int, int]] = deque()  # (time, generated, prefilled) per tick
+
+    def on_decode(self, streams: int, generated: int, prefilled: int) -> None:
+        now = time.monotonic()
+        self.decode_calls += 1
+        self.max_streams_per_decode = max(self.max_streams_per_decode, streams)
+        self.gen_tokens += generated
+        self.prefill_tokens += prefilled
+        self._recent.append((now, generated, prefilled))
+        while self._recent and now - self._recent[0][0] > self.RATE_WINDOW_S:
+            self._recent.popleft()
+
+    def rates(self) -> tuple[float, float]:
+        """Generated and prefilled tokens per second over the last few seconds."""
+        recent = list(self._recent)
+        now = time.monotonic()
+        recent = [r for r in recent if now - r[0] <= self.RATE_WINDOW_S]
+        if not recent:
+            return 0.0, 0.0
+        span = max(now - recent[0][0], 1.0)
+        return sum(r[1] for r in recent) / span, sum(r[2] for r in recent) / span
+
+    def ttft(self) -> dict[str, float]:
+        vals = list(self.ttft_ms)
+        if not vals:
+            return {"avg": 0.0, "p50": 0.0, "p95": 0.0}
+        return {"avg": float(np.mean(vals)), "p50": float(np.percentile(vals, 50)),
+                "p95": float(np.percentile(vals, 95))}
+
+
+class Slot:
+    """One served model: weights, a generation context with `streams` sequences, a scheduler."""
+
+    def __init__(self, model_id: str, path: Path, settings: SlotSettings):
+        self.id = model_id
+        self.settings = settings
+        self.model = LlamaModel(path, settings.gpu)
+        self.state = "loading"
+        self.embedding_only = self.model.is_embedding_model
+        self.ctx = min(settings.ctx, self.model.n_ctx_train) if self.model.n_ctx_train > 0 else settings.ctx
+        self.template = ChatTemplate(self.model.chat_template, self.model.token_text(self.model.bos_id),
+                                     self.model.token_text(self.model.eos_id))
+        self.bctx: BatchContext | None = None
+        if not self.embedding_only:
+            n_batch = settings.chunk + settings.streams
+            self.bctx = BatchContext(self.model, settings.streams, self.ctx, n_batch, settings.threads,
+                                     settings.kv_dtype)
+        self._ectx: EmbedContext | None = None
+        self.scheduler = Scheduler(settings.streams, settings.chunk)
+        self.stats = SlotStats()
+        self.inbox: deque[Stream] = deque()  # appended on the loop, taken on the scheduler thread
+        self.outstanding = 0  # requests admitted and not yet ended (loop thread only)
+        self.done: deque[Stream] = deque(maxlen=32)
+        self.created = int(time.time())
+        self.state = "ready"
+
+    # ---- the tick (scheduler thread) -------------------------------------------------------
+
+    def step(self, out: list[tuple[Any, tuple]]) -> bool:
+        """Run one tick: admit, plan, decode once, sample. Returns False when there was nothing to do."""
+        sched = self.scheduler
+        while self.inbox:
+            s = self.inbox.popleft()
+            self.build_sampler(s)
+            sched.add(s)
+        for s in [*sched.waiting, *sched.running]:
+            if s.cancelled:
+                self._end(s, "cancelled", out)
+        for s, keep in sched.admit():
+            if keep and not self.bctx.keep_prefix(s.seq, keep):
+                self.bctx.clear_seq(s.seq)  # this memory type cannot drop a suffix: start over
+                sched.forget(s.seq)
+                s.num_cached_tokens = s.reused_tokens = keep = 0
+            if keep:
+                self.stats.prefix_cache_hits += 1
+                self.stats.prefix_cache_reused_tokens += keep
+        step = sched.schedule()
+        if step.n_tokens == 0:
+            return False
+
+        bctx = self.bctx
+        row = 0
+        to_sample: list[tuple[Stream, int]] = []
+        for s in step.decode:
+            bctx.set_row(row, s.generated[-1], s.num_cached_tokens, s.seq, True)
+            to_sample.append((s, row))
+            row += 1
+        for s, n in step.prefill:
+            start = s.num_cached_tokens
+            completes = start + n == len(s.prompt)
+            bctx.decode_prefill(s.seq, s.prompt[start:start + n], start, row, completes)
+            if completes:
+                to_sample.append((s, row + n - 1))
+            row += n
+        try:
+            bctx.run(row)
+        except RuntimeError as e:
+            log.error("%s: %s", self.id, e)
+            for s in [*step.decode, *(p for p, _ in step.prefill)]:
+                bctx.clear_seq(s.seq)
+                sched.forget(s.seq)
+                self._end(s, "error", out, error=EngineError(f"decode failed: {e}"))
+            return True
+        sched.advance(step)
+        self.stats.on_decode(step.streams, len(to_sample), sum(n for _, n in step.prefill))
+        now = time.monotonic()
+        for s, r in to_sample:
+            tok = s.job.sampler.sample(bctx, r)
+            if s.state is StreamState.PREFILL:
+                sched.start_decoding(s)
+                s.job.first_token_at = now
+                self.stats.ttft_ms.append((now - s.job.submitted) * 1000.0)
+            self._on_token(s, tok, out)
+        return True
+
+    def _on_token(self, s: Stream, tok: int, out: list) -> None:
+        job = s.job
+        if tok in self.model.eog_ids and not job.sampling.ignore_eos:
+            self._end(s, "stop", out)
+            return
+        s.generated.append(tok)
+        text, hit = job.stops.push(job.utf8.push(self.model.piece(tok)))
+        if text:
+            out.append((job.sink, ("delta", text)))
+            job.tail = (job.tail + text)[-TAIL_CHARS:]
+        if hit:
+            self._end(s, "stop", out, flush=False)
+        elif len(s.generated) >= job.max_tokens:
+            self._end(s, "length", out)
+        elif s.num_cached_tokens + 1 >= self.ctx:
+            self._end(s, "length", out)
+
+    def _end(self, s: Stream, reason: str, out: list, flush: bool = True, error: EngineError | None = None) -> None:
+        job = s.job
+        if flush and reason != "cancelled":
+            rest, _ = job.stops.push(job.utf8.flush())
+            rest += job.stops.flush()
+            if rest:
+                out.append((job.sink, ("delta", rest)))
+        if reason == "cancelled":
+            job.evict_ticks = self.stats.decode_calls - (job.cancel_tick or self.stats.decode_calls)
+        self.scheduler.finish(s)
+        job.finish_reason = reason
+        job.ended_at = time.monotonic()
+        if job.sampler:
+            job.sampler.free()
+        usage = {"prompt_tokens": len(s.prompt), "completion_tokens": len(s.generated),
+                 "cached_tokens": s.reused_tokens}
+        out.append((job.sink, ("error", error) if error else ("end", reason, usage)))
+        self.done.append(s)
+
+    # ---- admission (event loop) -------------------------------------------------------------
+
+    def make_stream(self, stream_id: str, prompt: list[int], sampling: SamplingParams, sink: Any,
+                    explicit_max: bool) -> Stream:
+        """Check a prompt against the context and wrap it as a stream (raises ContextLengthExceeded)."""
+        if self.embedding_only:
+            raise UnsupportedByModel(f"model '{self.id}' is an embedding model: it serves /v1/embeddings only",
+                                     "model")
+        n = len(prompt)
+        room = self.ctx - n
+        if room < 1:
+            raise ContextLengthExceeded(
+                f"the prompt is {n} tokens but the context of model '{self.id}' is {self.ctx} tokens "
+                f"per stream; shorten it or send \"truncation\": \"auto\"", "messages")
+        wanted = sampling.max_tokens or self.settings.default_max_tokens
+        if explicit_max and wanted > room:
+            raise ContextLengthExceeded(
+                f"this model's context is {self.ctx} tokens per stream, but {n + wanted} were requested "
+                f"({n} in the prompt, {wanted} for the completion)", "max_tokens")
+        job = Job(sink=sink, sampling=sampling, max_tokens=min(wanted, room), stops=StopMatcher(sampling.stop))
+        return Stream(id=stream_id, prompt=prompt, job=job)
+
+    def build_sampler(self, stream: Stream) -> None:
+        """Create the stream's native sampler chain (scheduler thread)."""
+        sp = stream.job.sampling
+        bias = dict(sp.logit_bias)
+        if sp.ignore_eos:
+            bias.update({t: -float("inf") for t in self.model.eog_ids})
+        seed = sp.seed if sp.seed is not None else int.from_bytes(np.random.bytes(4), "little")
+        stream.job.sampler = SamplerChain(
+            self.model, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
+            repeat_penalty=sp.repeat_penalty, presence_penalty=sp.presence_penalty,
+            frequency_penalty=sp.frequency_penalty, penalty_last_n=sp.penalty_last_n, seed=seed, logit_bias=bias)
+
+    # ---- embeddings (scheduler thread) ------------------------------------------------------
+
+    def embed_limit(self) -> int:
+        """Longest input (in tokens) one embedding can take."""
+        return min(self.model.n_ctx_train or 2048, 2048)
+
+    def embed(self, inputs: list[list[int]]) -> list[np.ndarray]:
+        """Vectors for several token lists, packed into as few decodes as fit."""
+        if self._ectx is None:
+            self._ectx = EmbedContext(self.model, self.settings.threads, self.embed_limit())
+        ectx = self._ectx
+        vectors: list[np.ndarray] = []
+        group: list[list[int]] = []
+        used = decodes = 0
+        for toks in inputs:
+            if group and (used + len(toks) > ectx.n_batch or len(group) == ectx.MAX_SEQS):
+                vectors += ectx.embed_group(group)
+                group, used, decodes = [], 0, decodes + 1
+            group.append(toks)
+            used += len(toks)
+        if group:
+            vectors += ectx.embed_group(group)
+            decodes += 1
+        self.stats.embedding_inputs += len(inputs)
+        self.stats.embedding_decodes += decodes
+        return vectors
+
+    # ---- snapshots (any thread) -------------------------------------------------------------
+
+    def live_streams(self) -> list[Stream]:
+        return [*list(self.inbox), *list(self.scheduler.waiting), *list(self.scheduler.running)]
+
+    def stream_info(self, s: Stream) -> dict[str, Any]:
+        job = s.job
+        now = job.ended_at or time.monotonic()
+        tok_s = 0.0
+        if job.first_token_at is not None and len(s.generated) > 1:
+            tok_s = (len(s.generated) - 1) / max(now - job.first_token_at, 1e-6)
+        info = {"id": s.id, "model": self.id, "state": s.state.value, "prompt_tokens": len(s.prompt),
+                "prompt_done": min(s.num_cached_tokens, len(s.prompt)), "gen_tokens": len(s.generated),
+                "max_tokens": job.max_tokens, "tok_s": round(tok_s, 2), "tail": job.tail,
+                "seq": s.seq if s.seq >= 0 else None}
+        if s.state is StreamState.DONE:
+            info["finish_reason"] = job.finish_reason
+            if job.evict_ticks is not None:
+                info["evict_ticks"] = job.evict_ticks
+        return info
+
+    def stats_entry(self) -> dict[str, Any]:
+        st = self.stats
+        gen_rate, prefill_rate = st.rates()
+        live = self.live_streams()
+        return {
+            "id": self.id, "state": self.state, "ctx": self.ctx, "streams": self.settings.streams,
+            "chunk": self.settings.chunk, "kv_dtype": self.settings.kv_dtype,
+            "embedding_only": self.embedding_only,
+            "gen_tokens": st.gen_tokens, "prefill_tokens": st.prefill_tokens, "decode_calls": st.decode_calls,
+            "max_streams_per_decode": st.max_streams_per_decode,
+            "prefix_cache_hits": st.prefix_cache_hits, "prefix_cache_reused_tokens": st.prefix_cache_reused_tokens,
+            "active_streams": sum(1 for s in live if s.state in (StreamState.PREFILL, StreamState.DECODE)),
+            "queued_streams": sum(1 for s in live if s.state is StreamState.QUEUED),
+            "rejected_requests": st.rejected_requests, "requests": st.requests,
+            "embedding_inputs": st.embedding_inputs, "embedding_decodes": st.embedding_decodes,
+            "ttft_ms": st.ttft(), "gen_tok_s": round(gen_rate, 2), "prefill_tok_s": round(prefill_rate, 2),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        m = self.model
+        return {"path": str(m.path), "file_size": m.file_size, "arch": m.arch, "quant": m.quant(),
+                "params": m.n_params, "n_ctx_train": m.n_ctx_train, "description": m.description,
+                "embedding_only": self.embedding_only}
+
+    def free(self) -> None:
+        """Release every native object of the slot (scheduler thread, after all streams ended)."""
+        for s in self.scheduler.running:
+            if s.job.sampler:
+                s.job.sampler.free()
+        if self.bctx:
+            self.bctx.free()
+        if self._ectx:
+            self._ectx.free()
+        self.model.free()
+        self.state = "unloaded"
+

@@ -1,0 +1,50 @@
+"""Incremental detokenization and stop-string matching for streamed text."""
+from __future__ import annotations
+
+import codecs
+
+
+class Utf8Stream:
+    """Turns token byte pieces into text, never emitting half of a multi-byte character."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, piece: bytes) -> str:
+        """The complete characters that piece finishes (possibly none)."""
+        return self._decoder.decode(piece)
+
+    def flush(self) -> str:
+        """Whatever is left at the end (an incomplete tail becomes U+FFFD)."""
+        return self._decoder.decode(b"", final=True)
+
+
+class StopMatcher:
+    """Finds stop strings across chunk boundaries; holds back text that may start one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self._held = ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Feed new text; return (text safe to emit, whether a stop string was hit)."""
+        if not self.stops:
+            return text, False
+        buf = self._held + text
+        hit = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if hit >= 0:
+            self._held = ""
+            return buf[:hit], True
+        keep = 0
+        for s in self.stops:  # longest suffix of buf that is a proper prefix of a stop string
+            for n in range(min(len(s) - 1, len(buf)), keep, -1):
+                if buf.endswith(s[:n]):
+                    keep = n
+                    break
+        self._held = buf[len(buf) - keep:] if keep else ""
+        return buf[:len(buf) - keep], False
+
+    def flush(self) -> str:
+        """The held-back text, when the stream ends without a stop string."""
+        out, self._held = self._held, ""
+        return out

@@ -1,0 +1,1 @@
+"""aiohttp application: OpenAI routes, control routes, errors, SSE. Imports no Qt."""

@@ -1,0 +1,95 @@
+"""The one place that turns errors into HTTP: status codes and OpenAI-shaped bodies
+{"error": {"message", "type", "param", "code"}}, for JSON responses and SSE error events alike."""
+from __future__ import annotations
+
+import json
+import logging
+
+from aiohttp import web
+
+from engine import errors as E
+
+log = logging.getLogger("llamadesk.server")
+
+# Engine error class -> (HTTP status, OpenAI error type, code). The most specific class wins.
+_MAP: list[tuple[type[E.EngineError], int, str, str | None]] = [
+    (E.ContextLengthExceeded, 400, "invalid_request_error", "context_length_exceeded"),
+    (E.UnsupportedByModel, 400, "invalid_request_error", "model_not_supported"),
+    (E.InvalidRequest, 400, "invalid_request_error", None),
+    (E.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
+    (E.QueueFull, 503, "server_error", "server_overloaded"),
+    (E.NoModelLoaded, 503, "server_error", "no_model_loaded"),
+    (E.EngineStopped, 503, "server_error", "shutting_down"),
+    (E.ModelLoadError, 400, "invalid_request_error", "model_load_failed"),
+    (E.EngineError, 500, "server_error", None),
+]
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    """The OpenAI error object."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def classify(exc: E.EngineError) -> tuple[int, dict]:
+    """HTTP status and body for an engine error."""
+    for cls, status, type_, code in _MAP:
+        if isinstance(exc, cls):
+            return status, error_body(exc.message, type_, exc.param, code)
+    raise AssertionError("unreachable: EngineError is the last entry")
+
+
+def json_error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> web.Response:
+    """An error response in the OpenAI shape."""
+    return web.json_response(error_body(message, type_, param, code), status=status)
+
+
+def engine_error_response(exc: E.EngineError) -> web.Response:
+    """An engine error as a JSON response."""
+    status, body = classify(exc)
+    return web.json_response(body, status=status)
+
+
+def sse_error_event(exc: E.EngineError) -> bytes:
+    """An engine error as an SSE data event (for failures after the stream started)."""
+    _, body = classify(exc)
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+_HTTP_TYPES = {401: ("authentication_error", "invalid_api_key"), 403: ("permission_error", None),
+               404: ("invalid_request_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed"),
+               413: ("invalid_request_error", "request_too_large")}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Every failure leaves as an OpenAI-shaped error; the server keeps serving."""
+    try:
+        return await handler(request)
+    except E.EngineError as e:
+        status, body = classify(e)
+        log.info("%s %s -> %d: %s", request.method, request.path, status, e.message)
+        return web.json_response(body, status=status)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        type_, code = _HTTP_TYPES.get(e.status, ("invalid_request_error", None))
+        if e.status == 404:
+            message = f"unknown route: {request.method} {request.path}"
+        elif e.status == 405:
+            message = f"method {request.method} is not allowed on {request.path}"
+        elif e.status == 413:
+            message = f"request body too large: the limit is {request.app[MAX_BODY_KEY] // 2**20} MB"
+        else:
+            message = e.text or e.reason
+        log.warning("%s %s -> %d: %s", request.method, request.path, e.status, message)
+        return json_error(e.status, message, type_, None, code)
+    except (ConnectionResetError, OSError) as e:
+        log.info("%s %s: client went away (%s)", request.method, request.path, e)
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return json_error(500, "internal server error (logged)", "server_error")
+
+
+MAX_BODY_KEY = web.AppKey("max_body_bytes", int)

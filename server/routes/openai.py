@@ -1,0 +1,126 @@
+"""OpenAI routes: models, chat completions, completions, embeddings."""
+from __future__ import annotations
+
+import base64
+import time
+
+import numpy as np
+from aiohttp import web
+
+from engine.errors import EngineError, ModelNotFound
+from engine.service import Generation
+from server import schemas, sse
+from server.errors import sse_error_event
+from server.keys import SERVICE
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/v1/models")
+async def list_models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": request.app[SERVICE].models()})
+
+
+@routes.get("/v1/models/{id}")
+async def get_model(request: web.Request) -> web.Response:
+    mid = request.match_info["id"]
+    for m in request.app[SERVICE].models():
+        if m["id"] == mid:
+            return web.json_response(m)
+    raise ModelNotFound(f"The model '{mid}' does not exist", "model")
+
+
+def _usage(gen: Generation) -> dict:
+    u = gen.usage
+    return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
+            "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+            "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}
+
+
+async def _stream(request: web.Request, gen: Generation, opts: schemas.StreamOptions, chunk,
+                  first: dict | None) -> web.StreamResponse:
+    """Send gen as SSE: chunk(delta_text, finish_reason) builds each event object."""
+    resp = await sse.open_stream(request)
+    try:
+        if first is not None:
+            await resp.write(sse.event(chunk(first, None)))
+        async for text in gen.chunks():
+            await resp.write(sse.event(chunk({"content": text} if first is not None else text, None)))
+        await resp.write(sse.event(chunk({} if first is not None else "", gen.finish_reason)))
+        if opts.include_usage:
+            last = chunk({} if first is not None else "", None)
+            last["choices"] = []
+            last["usage"] = _usage(gen)
+            await resp.write(sse.event(last))
+    except EngineError as e:
+        await resp.write(sse_error_event(e))
+    finally:
+        gen.cancel()  # no-op when finished; evicts the stream when the client went away
+    await resp.write(sse.DONE)
+    await resp.write_eof()
+    return resp
+
+
+@routes.post("/v1/chat/completions")
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    req, opts = schemas.chat_request(await schemas.read_json(request))
+    gen = await request.app[SERVICE].chat(req)
+    cid = f"chatcmpl-{gen.id}"
+    if opts.stream:
+        def chunk(delta: dict, finish: str | None) -> dict:
+            return {"id": cid, "object": "chat.completion.chunk", "created": gen.created, "model": gen.model,
+                    "system_fingerprint": None,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        return await _stream(request, gen, opts, chunk, {"role": "assistant", "content": ""})
+    try:
+        text = await gen.text()
+    finally:
+        gen.cancel()
+    return web.json_response({
+        "id": cid, "object": "chat.completion", "created": gen.created, "model": gen.model,
+        "system_fingerprint": None,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                     "finish_reason": gen.finish_reason}],
+        "usage": _usage(gen)})
+
+
+@routes.post("/v1/completions")
+async def completions(request: web.Request) -> web.StreamResponse:
+    req, opts = schemas.completion_request(await schemas.read_json(request))
+    svc = request.app[SERVICE]
+    gen = await svc.complete(req)
+    cid = f"cmpl-{gen.id}"
+    prefix = req.prompt if req.echo and isinstance(req.prompt, str) else ""
+    if opts.stream:
+        sent_prefix = [False]
+
+        def chunk(text: str, finish: str | None) -> dict:
+            if prefix and not sent_prefix[0]:
+                text, sent_prefix[0] = prefix + text, True
+            return {"id": cid, "object": "text_completion", "created": gen.created, "model": gen.model,
+                    "system_fingerprint": None,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+        return await _stream(request, gen, opts, chunk, None)
+    try:
+        text = await gen.text()
+    finally:
+        gen.cancel()
+    return web.json_response({
+        "id": cid, "object": "text_completion", "created": gen.created, "model": gen.model,
+        "system_fingerprint": None,
+        "choices": [{"index": 0, "text": prefix + text, "logprobs": None, "finish_reason": gen.finish_reason}],
+        "usage": _usage(gen)})
+
+
+@routes.post("/v1/embeddings")
+async def embeddings(request: web.Request) -> web.Response:
+    model, inputs, fmt = schemas.embedding_request(await schemas.read_json(request))
+    model_id, vectors, n_tokens = await request.app[SERVICE].embed(model, inputs)
+    data = []
+    for i, v in enumerate(vectors):
+        emb = base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() if fmt == "base64" else \
+            [float(x) for x in v]
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    return web.json_response({"object": "list", "data": data, "model": model_id,
+                              "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+                              "created": int(time.time())})

@@ -1,0 +1,233 @@
+"""Request bodies checked field by field and translated into engine requests.
+
+Every check names the field it rejects; fields the server does not use are logged once per name.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from engine.chat import ROLES
+from engine.errors import InvalidRequest
+from engine.requests import ChatRequest, CompletionRequest, SamplingParams
+
+log = logging.getLogger("llamadesk.server")
+_ignored_logged: set[str] = set()
+
+# Accepted for compatibility but without effect here; never an error.
+_HARMLESS = {"user", "store", "metadata", "service_tier", "prediction", "modalities", "suffix", "best_of",
+             "parallel_tool_calls", "reasoning_effort", "dimensions"}
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object (InvalidRequest if it is not one)."""
+    raw = await request.read()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"the request body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+class Fields:
+    """Typed access to a JSON body that remembers which fields were read."""
+
+    def __init__(self, body: dict[str, Any], route: str):
+        self.body = body
+        self.route = route
+        self.used: set[str] = set()
+
+    def get(self, name: str, kinds: type | tuple[type, ...], default: Any = None, *, lo: float | None = None,
+            hi: float | None = None, what: str | None = None) -> Any:
+        """body[name] checked against kinds and bounds; default when absent or null."""
+        self.used.add(name)
+        v = self.body.get(name)
+        if v is None:
+            return default
+        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        is_bool = isinstance(v, bool)
+        ok = any(isinstance(v, k) and (k is bool or not is_bool) for k in kinds)
+        if float in kinds and isinstance(v, int) and not is_bool:
+            ok, v = True, float(v)
+        if not ok:
+            raise InvalidRequest(f"'{name}' must be {what or _kind_words(kinds)}, got {_json_type(v)}", name)
+        if lo is not None and v < lo or hi is not None and v > hi:
+            rng = f"between {lo} and {hi}" if lo is not None and hi is not None else \
+                (f">= {lo}" if lo is not None else f"<= {hi}")
+            raise InvalidRequest(f"'{name}' must be {rng}, got {v}", name)
+        return v
+
+    def log_ignored(self) -> None:
+        """Log, once per field name, the fields this route did not use."""
+        for name in self.body.keys() - self.used - _HARMLESS:
+            key = f"{self.route}:{name}"
+            if key not in _ignored_logged:
+                _ignored_logged.add(key)
+                log.warning("ignoring unsupported field '%s' in %s requests (logged once)", name, self.route)
+
+
+def _kind_words(kinds: tuple[type, ...]) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+             dict: "an object"}
+    return " or ".join(names[k] for k in kinds)
+
+
+def _json_type(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+            dict: "an object"}.get(type(v), type(v).__name__)
+
+
+@dataclass
+class StreamOptions:
+    """How the response is delivered."""
+
+    stream: bool
+    include_usage: bool
+
+
+def _sampling(f: Fields) -> SamplingParams:
+    max_tokens = f.get("max_completion_tokens", int, lo=1)
+    if max_tokens is None:
+        max_tokens = f.get("max_tokens", int, lo=1)
+    else:
+        f.used.add("max_tokens")
+    stop = f.get("stop", (str, list), [], what="a string or an array of strings")
+    if isinstance(stop, str):
+        stop = [stop]
+    if len(stop) > 16 or not all(isinstance(s, str) for s in stop):
+        raise InvalidRequest("'stop' must be a string or an array of at most 16 strings", "stop")
+    bias_raw = f.get("logit_bias", dict, {})
+    bias = {}
+    for k, v in bias_raw.items():
+        try:
+            tok = int(k)
+        except ValueError:
+            raise InvalidRequest(f"'logit_bias' keys must be token ids, got {k!r}", "logit_bias") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            raise InvalidRequest(f"'logit_bias' values must be numbers between -100 and 100, got {v!r}",
+                                 "logit_bias")
+        bias[tok] = float(v)
+    n = f.get("n", int, 1, lo=1)
+    if n != 1:
+        raise InvalidRequest("'n' other than 1 is not supported yet", "n")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=f.get("temperature", float, 1.0, lo=0, hi=2),
+        top_p=f.get("top_p", float, 1.0, lo=0, hi=1),
+        top_k=f.get("top_k", int, 0, lo=0),
+        min_p=f.get("min_p", float, 0.0, lo=0, hi=1),
+        repeat_penalty=f.get("repeat_penalty", float, 1.0, lo=0.01, hi=10),
+        presence_penalty=f.get("presence_penalty", float, 0.0, lo=-2, hi=2),
+        frequency_penalty=f.get("frequency_penalty", float, 0.0, lo=-2, hi=2),
+        seed=f.get("seed", int),
+        logit_bias=bias,
+        stop=stop,
+        ignore_eos=f.get("ignore_eos", bool, False),
+    )
+
+
+def _stream_options(f: Fields) -> StreamOptions:
+    stream = f.get("stream", bool, False)
+    opts = f.get("stream_options", dict, {})
+    include_usage = opts.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise InvalidRequest("'stream_options.include_usage' must be a boolean", "stream_options")
+    return StreamOptions(stream, include_usage)
+
+
+def _unsupported(f: Fields) -> None:
+    if f.get("logprobs", (bool, int), False) not in (False, None, 0):
+        raise InvalidRequest("'logprobs' is not supported yet", "logprobs")
+    rf = f.get("response_format", dict)
+    if rf is not None and rf.get("type", "text") != "text":
+        raise InvalidRequest(f"response_format type '{rf.get('type')}' is not supported yet", "response_format")
+    f.get("top_logprobs", int)
+
+
+def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
+    """A /v1/chat/completions body as an engine ChatRequest."""
+    f = Fields(body, "chat.completions")
+    model = f.get("model", str)
+    messages = f.get("messages", list)
+    if messages is None:
+        raise InvalidRequest("'messages' is required", "messages")
+    if not messages:
+        raise InvalidRequest("'messages' must not be empty", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"messages[{i}] must be an object", "messages")
+        if m.get("role") not in ROLES:
+            raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.get('role')!r}",
+                                 "messages")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise InvalidRequest(f"messages[{i}].content must be a string or an array of parts", "messages")
+        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
+            raise InvalidRequest(f"messages[{i}].content parts must be objects", "messages")
+    sampling = _sampling(f)
+    opts = _stream_options(f)
+    _unsupported(f)
+    truncation = f.get("truncation", str, "disabled")
+    if truncation not in ("auto", "disabled"):
+        raise InvalidRequest("'truncation' must be 'auto' or 'disabled'", "truncation")
+    kwargs = dict(f.get("chat_template_kwargs", dict, {}))
+    thinking = f.get("enable_thinking", bool)
+    if thinking is not None:
+        kwargs["enable_thinking"] = thinking
+    f.get("tools", list)
+    f.get("tool_choice", (str, dict))
+    f.log_ignored()
+    return ChatRequest(model, messages, sampling, truncation, kwargs), opts
+
+
+def completion_request(body: dict[str, Any]) -> tuple[CompletionRequest, StreamOptions]:
+    """A /v1/completions body as an engine CompletionRequest."""
+    f = Fields(body, "completions")
+    model = f.get("model", str)
+    prompt = f.get("prompt", (str, list), what="a string, an array of token ids, or an array of one string")
+    if prompt is None:
+        raise InvalidRequest("'prompt' is required", "prompt")
+    if isinstance(prompt, list):
+        if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise InvalidRequest("'prompt' must be a string, an array of token ids, or an array of one string; "
+                                 "several prompts in one request are not supported yet", "prompt")
+    sampling = _sampling(f)
+    opts = _stream_options(f)
+    _unsupported(f)
+    echo = f.get("echo", bool, False)
+    f.log_ignored()
+    return CompletionRequest(model, prompt, sampling, echo), opts
+
+
+def embedding_request(body: dict[str, Any]) -> tuple[str | None, list[str | list[int]], str]:
+    """(model, inputs, encoding_format) of a /v1/embeddings body."""
+    f = Fields(body, "embeddings")
+    model = f.get("model", str)
+    raw = f.get("input", (str, list))
+    if raw is None:
+        raise InvalidRequest("'input' is required", "input")
+    if isinstance(raw, str):
+        inputs: list[str | list[int]] = [raw]
+    elif raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        inputs = [raw]
+    elif raw and all(isinstance(x, str) or (isinstance(x, list) and all(isinstance(t, int) for t in x))
+                     for x in raw):
+        inputs = list(raw)
+    else:
+        raise InvalidRequest("'input' must be a non-empty string, array of strings, or array(s) of token ids",
+                             "input")
+    if len(inputs) > 2048:
+        raise InvalidRequest("'input' may hold at most 2048 items", "input")
+    fmt = f.get("encoding_format", str, "float")
+    if fmt not in ("float", "base64"):
+        raise InvalidRequest("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    f.log_ignored()
+    return model, inputs, fmt

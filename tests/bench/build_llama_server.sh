@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Build llama.cpp's llama-server from the source vendored in the llama-cpp-python sdist that
+# llamadesk uses, with the same CPU flags as the Makefile's wheel, into a cache dir.
+# Usage: build_llama_server.sh [CACHE_DIR]   -> prints the path of llama-server
+set -euo pipefail
+VERSION=0.3.36
+CACHE=${1:-$HOME/.cache/llamadesk}
+OUT=$CACHE/llama.cpp-$VERSION
+BIN=$OUT/build/bin/llama-server
+if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+if [ ! -d "$OUT/src" ]; then
+  tmp=$(mktemp -d)
+  "$PY" -m pip download -q --no-deps --no-binary :all: -d "$tmp" "llama-cpp-python==$VERSION" >&2
+  tar xzf "$tmp"/llama_cpp_python-$VERSION.tar.gz -C "$tmp"
+  mv "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp" "$OUT/src"
+  rm -rf "$tmp"
+fi
+FLAGS=""
+[ "$(uname -m)" = x86_64 ] && FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+cmake -S "$OUT/src" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
+  -DLLAMA_USE_PREBUILT_UI=OFF -DCMAKE_C_FLAGS="$FLAGS" -DCMAKE_CXX_FLAGS="$FLAGS" >&2
+cmake --build "$OUT/build" --config Release --target llama-server -j"$(nproc)" >&2
+echo "$BIN"
