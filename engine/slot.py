@@ -144,7 +144,7 @@ class Slot:
             if s.cancelled:
                 self._end(s, "cancelled", out)
         for s, keep in sched.admit():
-            if keep and not self.bctx.keep_prefix(s.seq, keep):
+            if not self.bctx.keep_prefix(s.seq, keep):
                 self.bctx.clear_seq(s.seq)  # this memory type cannot drop a suffix: start over
                 sched.forget(s.seq)
                 s.num_cached_tokens = s.reused_tokens = keep = 0

@@ -1,0 +1,86 @@
+"""`llamadesk --no-gui` as a user runs it: a real process, a real port, real models."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+
+def launch(tmp_path, *args: str) -> subprocess.Popen:
+    cfg = tmp_path / "empty.toml"
+    cfg.write_text("")
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")}
+    return subprocess.Popen([sys.executable, "-m", "app", "--no-gui", "--config", str(cfg), "--port", "0", *args],
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def wait_for_url(proc: subprocess.Popen) -> str:
+    deadline = time.monotonic() + 60
+    for line in proc.stderr:
+        m = re.search(r"serving the OpenAI API on (http://\S+)/v1", line)
+        if m:
+            return m.group(1)
+        assert time.monotonic() < deadline
+    raise AssertionError(f"the server exited with {proc.wait()} before serving")
+
+
+def get(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, json.loads(e.read())
+
+
+def test_no_gui_serves_a_model_and_stops_on_sigterm(tmp_path, assets):
+    with launch(tmp_path, "--model", str(assets["tiny"])) as proc:
+        try:
+            url = wait_for_url(proc)
+            assert get(url + "/health") == (200, {"status": "ok", "version": "0.1.0"})
+            status, models = get(url + "/v1/models")
+            assert models["data"][0]["id"] == "tiny-random-llama"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+        finally:
+            proc.kill()
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda tmp, assets: tmp / "missing.gguf", ["not found", "missing.gguf"]),
+    (lambda tmp, assets: (tmp / "text.gguf").write_text("hello") and tmp / "text.gguf", ["not a GGUF file"]),
+    (lambda tmp, assets: (tmp / "cut.gguf").write_bytes(assets["tiny"].read_bytes()[:200_000]) and tmp / "cut.gguf",
+     ["cannot load model", "cut.gguf"]),
+])
+def test_bad_model_path_exits_2_without_traceback(tmp_path, assets, make, words):
+    path = make(tmp_path, assets)
+    with launch(tmp_path, "--model", str(path)) as proc:
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "Traceback" not in err
+    for w in words:
+        assert w in err
+
+
+def test_no_model_starts_in_setup_mode(tmp_path):
+    with launch(tmp_path) as proc:
+        url = wait_for_url(proc)
+        assert get(url + "/health")[1]["status"] == "setup"
+        req = urllib.request.Request(url + "/v1/chat/completions", method="POST",
+                                     data=json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode())
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req)
+        body = json.loads(e.value.read())
+        e.value.close()
+        assert e.value.code == 503 and "no model loaded" in body["error"]["message"]
+        assert get(url + "/v1/stats")[1]["setup"] is True
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0

@@ -1,0 +1,112 @@
+"""Shared fixtures: the real test models, and live servers on loopback ports."""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.assets.prepare import default_dest, prepare
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+
+@pytest.fixture(scope="session")
+def assets() -> dict[str, Path]:
+    """Paths of the test models (prepared once, cached outside the repo)."""
+    return prepare(default_dest())
+
+
+class LiveServer:
+    """The real server (engine + aiohttp) on its own loop in a background thread."""
+
+    def __init__(self, argv: list[str], toml: str, tmp: Path):
+        from engine.config import load
+        cfg_path = tmp / "llamadesk.toml"
+        cfg_path.write_text(toml)
+        self.config = load(["--config", str(cfg_path), "--port", "0", "--no-gui", *argv])
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="test-server", daemon=True)
+        self._thread.start()
+        self._ready.wait(120)
+        if self._error:
+            raise self._error
+
+    def _run(self) -> None:
+        from engine.service import Service
+        from server.app import start_server
+        asyncio.set_event_loop(self.loop)
+
+        async def up() -> None:
+            self.service = Service(self.config)
+            await asyncio.to_thread(self.service.load_models)
+            self.service.start(self.loop)
+            self.server = await start_server(self.service, self.config)
+
+        try:
+            self.loop.run_until_complete(up())
+        except BaseException as e:  # reported to the test that asked for the server
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def client(self, **kw):
+        import openai
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, **kw)
+
+    def async_client(self, **kw):
+        import openai
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, **kw)
+
+    def get(self, path: str) -> dict:
+        import json
+        import urllib.request
+        with urllib.request.urlopen(self.url + path, timeout=30) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        async def down() -> None:
+            await self.server.stop()
+            await self.service.stop()
+        asyncio.run_coroutine_threadsafe(down(), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(30)
+        self.loop.close()
+
+
+@pytest.fixture(scope="session")
+def smol_server(assets, tmp_path_factory) -> LiveServer:
+    """SmolLM2-135M (default) and all-MiniLM-L6-v2 in one roster, 4 streams."""
+    toml = f"""
+[[models]]
+name = "smollm2"
+path = "{assets['smollm2']}"
+default = true
+ctx = 2048
+
+[[models]]
+name = "minilm"
+path = "{assets['minilm']}"
+"""
+    srv = LiveServer(["--streams", "4"], toml, tmp_path_factory.mktemp("smol"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(assets, tmp_path_factory) -> LiveServer:
+    """The tiny random model: cheap to run many long streams on; small context and body limit."""
+    srv = LiveServer(["--model", str(assets["tiny"]), "--ctx", "8192", "--streams", "4", "--max-json-mb", "1"],
+                     "", tmp_path_factory.mktemp("tiny"))
+    yield srv
+    srv.stop()
