@@ -25,11 +25,12 @@ from engine.config import Config, ModelEntry
 from engine.errors import (ContextLengthExceeded, EngineError, EngineStopped, InvalidRequest, ModelNotFound,
                            NoModelLoaded, QueueFull)
 from engine.requests import ChatRequest, CompletionRequest, SamplingParams
-from engine.slot import Slot, SlotSettings
+from engine.slot import Outbox, Slot, SlotSettings
 
 log = logging.getLogger("llamadesk.engine")
 VERSION = "0.1.0"
 MAX_QUEUED = 32  # requests waiting for a stream, per model, before 503
+FLUSH_S = 0.02  # longest a generated delta waits to be batched with the next ones
 
 
 class Generation:
@@ -104,7 +105,6 @@ class _Worker(threading.Thread):
         self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._event = threading.Event()
         self._stopping = False
-        self.ticks = 0
 
     def wake(self) -> None:
         self._event.set()
@@ -124,6 +124,8 @@ class _Worker(threading.Thread):
         self._event.set()
 
     def run(self) -> None:
+        out = Outbox()
+        last_flush = 0.0
         while not self._stopping:
             while self._calls:
                 fn, fut = self._calls.popleft()
@@ -132,7 +134,6 @@ class _Worker(threading.Thread):
                         fut.set_result(fn())
                     except BaseException as e:  # delivered to the awaiting caller
                         fut.set_exception(e)
-            out: list = []
             worked = False
             for slot in self._slots():
                 try:
@@ -141,9 +142,10 @@ class _Worker(threading.Thread):
                     log.exception("scheduler tick failed for %s; ending its streams", slot.id)
                     for s in slot.live_streams():
                         slot._end(s, "error", out, error=EngineError("internal error in the scheduler"))
-            if out:
-                self.ticks += 1
-                self._loop.call_soon_threadsafe(_deliver, out)
+            now = time.monotonic()
+            if out.events and (out.urgent or not worked or now - last_flush >= FLUSH_S):
+                self._loop.call_soon_threadsafe(_deliver, out.take())
+                last_flush = now
             if not worked and not self._calls:
                 self._event.wait()
                 self._event.clear()
@@ -204,7 +206,7 @@ class Service:
             for s in slot.live_streams():
                 s.cancelled = True
         worker = self._worker
-        fut = worker.call(lambda: [slot.step([]) for slot in self.slots.values()])
+        fut = worker.call(lambda: [slot.step(Outbox()) for slot in self.slots.values()])
         try:
             await asyncio.wait_for(asyncio.wrap_future(fut), 10)
         except (asyncio.TimeoutError, EngineError):

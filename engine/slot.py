@@ -26,6 +26,28 @@ log = logging.getLogger("llamadesk.engine")
 TAIL_CHARS = 80  # how much recent text /v1/streams shows per stream
 
 
+class Outbox:
+    """Events for the event loop, gathered over ticks and handed over in one call.
+
+    Delivering every token the moment it exists costs the event loop a wake-up and a socket
+    write per token, and on a machine where llama.cpp uses every core that work stalls the
+    next decode. So deltas are batched for a few milliseconds; first tokens and endings are
+    urgent and leave at once.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, tuple]] = []
+        self.urgent = False
+
+    def add(self, sink: Any, event: tuple, urgent: bool = False) -> None:
+        self.events.append((sink, event))
+        self.urgent |= urgent
+
+    def take(self) -> list[tuple[Any, tuple]]:
+        events, self.events, self.urgent = self.events, [], False
+        return events
+
+
 @dataclass
 class SlotSettings:
     """Per-slot shape: streams, per-stream context, prefill chunk, KV type, threads."""
@@ -53,6 +75,7 @@ class Job:
     first_token_at: float | None = None
     ended_at: float | None = None
     tail: str = ""
+    sent_text: bool = False
     finish_reason: str | None = None
     cancel_tick: int | None = None
     evict_ticks: int | None = None
@@ -133,7 +156,7 @@ class Slot:
 
     # ---- the tick (scheduler thread) -------------------------------------------------------
 
-    def step(self, out: list[tuple[Any, tuple]]) -> bool:
+    def step(self, out: Outbox) -> bool:
         """Run one tick: admit, plan, decode once, sample. Returns False when there was nothing to do."""
         sched = self.scheduler
         while self.inbox:
@@ -190,7 +213,7 @@ class Slot:
             self._on_token(s, tok, out)
         return True
 
-    def _on_token(self, s: Stream, tok: int, out: list) -> None:
+    def _on_token(self, s: Stream, tok: int, out: Outbox) -> None:
         job = s.job
         if tok in self.model.eog_ids and not job.sampling.ignore_eos:
             self._end(s, "stop", out)
@@ -198,7 +221,8 @@ class Slot:
         s.generated.append(tok)
         text, hit = job.stops.push(job.utf8.push(self.model.piece(tok)))
         if text:
-            out.append((job.sink, ("delta", text)))
+            out.add(job.sink, ("delta", text), urgent=not job.sent_text)
+            job.sent_text = True
             job.tail = (job.tail + text)[-TAIL_CHARS:]
         if hit:
             self._end(s, "stop", out, flush=False)
@@ -207,13 +231,13 @@ class Slot:
         elif s.num_cached_tokens + 1 >= self.ctx:
             self._end(s, "length", out)
 
-    def _end(self, s: Stream, reason: str, out: list, flush: bool = True, error: EngineError | None = None) -> None:
+    def _end(self, s: Stream, reason: str, out: Outbox, flush: bool = True, error: EngineError | None = None) -> None:
         job = s.job
         if flush and reason != "cancelled":
             rest, _ = job.stops.push(job.utf8.flush())
             rest += job.stops.flush()
             if rest:
-                out.append((job.sink, ("delta", rest)))
+                out.add(job.sink, ("delta", rest))
         if reason == "cancelled":
             job.evict_ticks = self.stats.decode_calls - (job.cancel_tick or self.stats.decode_calls)
         self.scheduler.finish(s)
@@ -223,7 +247,7 @@ class Slot:
             job.sampler.free()
         usage = {"prompt_tokens": len(s.prompt), "completion_tokens": len(s.generated),
                  "cached_tokens": s.reused_tokens}
-        out.append((job.sink, ("error", error) if error else ("end", reason, usage)))
+        out.add(job.sink, ("error", error) if error else ("end", reason, usage), urgent=True)
         self.done.append(s)
 
     # ---- admission (event loop) -------------------------------------------------------------

@@ -21,3 +21,15 @@ def event(obj: Any) -> bytes:
 
 
 DONE = b"data: [DONE]\n\n"
+MARK = "\x00"  # stands for the text in a template; JSON writes it as "\u0000"
+
+
+class TextEvent:
+    """An SSE event whose only varying part is one string: the JSON around it is rendered once,
+    so a streamed token costs one json.dumps of its text, not of the whole chunk object."""
+
+    def __init__(self, template: Any):
+        self._head, self._tail = event(template).split(json.dumps(MARK).encode())
+
+    def render(self, text: str) -> bytes:
+        return self._head + json.dumps(text, ensure_ascii=False).encode() + self._tail

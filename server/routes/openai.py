@@ -37,18 +37,20 @@ def _usage(gen: Generation) -> dict:
             "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}
 
 
-async def _stream(request: web.Request, gen: Generation, opts: schemas.StreamOptions, chunk,
+async def _stream(request: web.Request, gen: Generation, opts: schemas.StreamOptions, chunk, wrap,
                   first: dict | None) -> web.StreamResponse:
-    """Send gen as SSE: chunk(delta_text, finish_reason) builds each event object."""
+    """Send gen as SSE. chunk(payload, finish_reason) builds an event object, wrap(text) the
+    payload that carries text (a chat delta or a completion's text); first, if any, leads."""
     resp = await sse.open_stream(request)
+    delta = sse.TextEvent(chunk(wrap(sse.MARK), None))
     try:
         if first is not None:
-            await resp.write(sse.event(chunk(first, None)))
+            await resp.write(sse.event(first))
         async for text in gen.chunks():
-            await resp.write(sse.event(chunk({"content": text} if first is not None else text, None)))
-        await resp.write(sse.event(chunk({} if first is not None else "", gen.finish_reason)))
+            await resp.write(delta.render(text))
+        await resp.write(sse.event(chunk(wrap(None), gen.finish_reason)))
         if opts.include_usage:
-            last = chunk({} if first is not None else "", None)
+            last = chunk(wrap(None), None)
             last["choices"] = []
             last["usage"] = _usage(gen)
             await resp.write(sse.event(last))
@@ -71,7 +73,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return {"id": cid, "object": "chat.completion.chunk", "created": gen.created, "model": gen.model,
                     "system_fingerprint": None,
                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-        return await _stream(request, gen, opts, chunk, {"role": "assistant", "content": ""})
+        return await _stream(request, gen, opts, chunk, lambda t: {} if t is None else {"content": t},
+                             chunk({"role": "assistant", "content": ""}, None))
     try:
         text = await gen.text()
     finally:
@@ -92,15 +95,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
     cid = f"cmpl-{gen.id}"
     prefix = req.prompt if req.echo and isinstance(req.prompt, str) else ""
     if opts.stream:
-        sent_prefix = [False]
-
         def chunk(text: str, finish: str | None) -> dict:
-            if prefix and not sent_prefix[0]:
-                text, sent_prefix[0] = prefix + text, True
             return {"id": cid, "object": "text_completion", "created": gen.created, "model": gen.model,
                     "system_fingerprint": None,
                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
-        return await _stream(request, gen, opts, chunk, None)
+        return await _stream(request, gen, opts, chunk, lambda t: t or "", chunk(prefix, None) if prefix else None)
     try:
         text = await gen.text()
     finally:
