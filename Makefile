@@ -29,6 +29,7 @@ test: $(VENV)/.installed-test
 	LLAMADESK_TEST_ASSETS="$(ASSETS)" $(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-test
+	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"
 	LLAMADESK_TEST_ASSETS="$(ASSETS)" $(BIN)/python tests/bench/bench_concurrency.py $(BENCH_ARGS)
 

@@ -30,6 +30,7 @@ class LiveServer:
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._client = None
         self._thread = threading.Thread(target=self._run, name="test-server", daemon=True)
         self._thread.start()
         self._ready.wait(120)
@@ -60,9 +61,12 @@ class LiveServer:
     def url(self) -> str:
         return self.server.url
 
-    def client(self, **kw):
+    def client(self):
+        """A shared sync openai client (closed with the server)."""
         import openai
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, **kw)
+        if self._client is None:
+            self._client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        return self._client
 
     def async_client(self, **kw):
         import openai
@@ -75,6 +79,9 @@ class LiveServer:
             return json.loads(r.read())
 
     def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
         async def down() -> None:
             await self.server.stop()
             await self.service.stop()
