@@ -86,6 +86,8 @@ SCHEMA: tuple[Option, ...] = (
     Option("kv_dtype", str, "f16", "KV cache element type", choices=("f16", "q8_0", "q4_0")),
     Option("gpu", str, "auto", "offload layers to a GPU when llama.cpp has one", choices=("auto", "off")),
     Option("models_dir", str, None, "where downloaded models live (default: the user data dir)"),
+    Option("catalog_mirror", str, None, "base URL serving catalog files by name (offline mirrors, tests)"),
+    Option("catalog_path", str, None, "a catalog TOML to use instead of the one shipped with llamadesk"),
     Option("max_json_mb", int, 16, "largest JSON request body, in MB (413 beyond)", minimum=1),
     Option("api_key", str, None, "when set, every request must carry 'Authorization: Bearer <key>'"),
     Option("log_level", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
@@ -136,6 +138,32 @@ class Config:
         if os.environ.get("LLAMADESK_MODELS_DIR"):
             return Path(os.environ["LLAMADESK_MODELS_DIR"]).expanduser()
         return Path(platformdirs.user_data_dir(APP_NAME)) / "models"
+
+
+def save_authoritative(path: Path, values: dict[str, Any], models: list[ModelEntry]) -> None:
+    """Write values and the roster into the TOML at path, keeping its comments and other keys,
+    marked authoritative (its values then win over CLI flags). Written atomically."""
+    import tomlkit
+    doc = tomlkit.parse(path.read_text()) if path.exists() else tomlkit.document()
+    doc["authoritative"] = True
+    for k, v in values.items():
+        if v is None:
+            doc.pop(k, None)
+        else:
+            doc[k] = v
+    roster = tomlkit.aot()
+    for m in models:
+        t = tomlkit.table()
+        for k in MODEL_KEYS:
+            v = getattr(m, k)
+            if v is not None and (k != "default" or v):
+                t[k] = v
+        roster.append(t)
+    doc["models"] = roster
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(tomlkit.dumps(doc))
+    os.replace(tmp, path)
 
 
 def default_config_path() -> Path:

@@ -27,6 +27,10 @@ class UnsupportedByModel(InvalidRequest):
     """The model cannot serve this kind of request (e.g. chat on an embedding model)."""
 
 
+class Conflict(EngineError):
+    """The action collides with work in progress (a download already running, a model loading)."""
+
+
 class QueueFull(EngineError):
     """Every stream is busy and the wait queue is at its bound."""
 

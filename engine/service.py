@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import platform
+import shutil
 import threading
 import time
 import uuid
@@ -19,11 +20,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
+from engine import catalog as cat
 from engine import llama
 from engine.chat import turns
-from engine.config import Config, ModelEntry
-from engine.errors import (ContextLengthExceeded, EngineError, EngineStopped, InvalidRequest, ModelNotFound,
-                           NoModelLoaded, QueueFull)
+from engine.config import Config, ModelEntry, save_authoritative
+from engine.downloads import Downloader
+from engine.errors import (Conflict, ContextLengthExceeded, EngineError, EngineStopped, InvalidRequest,
+                           ModelLoadError, ModelNotFound, NoModelLoaded, QueueFull)
 from engine.requests import ChatRequest, CompletionRequest, SamplingParams
 from engine.slot import Outbox, Slot, SlotSettings
 
@@ -171,6 +174,9 @@ class Service:
         self._worker: _Worker | None = None
         self._prep = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="llamadesk-prep")
         self._ids = itertools.count(1)
+        self.loading: set[str] = set()
+        self._catalog: list[cat.Entry] | None = None
+        self.downloader: Downloader | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -197,11 +203,14 @@ class Service:
         loop = loop or asyncio.get_running_loop()
         self._worker = _Worker(loop, lambda: list(self.slots.values()))
         self._worker.start()
+        self.downloader = Downloader(self.config.models_dir(), mirror=self.config.catalog_mirror)
 
     async def stop(self) -> None:
         """Abort every request, stop the scheduler thread and free the models."""
         if self._worker is None:
             return
+        if self.downloader:
+            await self.downloader.close()
         for slot in self.slots.values():
             for s in slot.live_streams():
                 s.cancelled = True
@@ -221,6 +230,119 @@ class Service:
     @property
     def setup_mode(self) -> bool:
         return not self.slots
+
+    @property
+    def status(self) -> str:
+        """ok, loading (a model is being loaded) or setup (nothing to serve yet)."""
+        if self.loading:
+            return "loading"
+        return "setup" if self.setup_mode else "ok"
+
+    async def add_model(self, entry: ModelEntry, make_default: bool = False) -> Slot:
+        """Load a model into the roster without a restart (weights and context built off the loop)."""
+        if entry.name in self.loading:
+            raise Conflict(f"model '{entry.name}' is already loading")
+        if entry.name in self.slots:
+            raise Conflict(f"a model named '{entry.name}' is already loaded")
+        self.loading.add(entry.name)
+        try:
+            t0 = time.monotonic()
+            slot = await asyncio.to_thread(Slot, entry.name, Path(entry.path).expanduser(), self.slot_settings(entry))
+        finally:
+            self.loading.discard(entry.name)
+        self.slots[entry.name] = slot  # the scheduler thread steps it from its next tick
+        if make_default or self.default_id is None:
+            self.default_id = entry.name
+        log.info("loaded %s in process in %.1f s", entry.name, time.monotonic() - t0)
+        return slot
+
+    # ---- catalog and downloads ----------------------------------------------------------------
+
+    def catalog_entries(self) -> list[cat.Entry]:
+        """The catalog (shipped, or catalog_path), read once."""
+        if self._catalog is None:
+            path = Path(self.config.catalog_path).expanduser() if self.config.catalog_path else None
+            self._catalog = cat.load_catalog(path)
+        return self._catalog
+
+    def catalog_entry(self, name: str) -> cat.Entry:
+        for e in self.catalog_entries():
+            if e.name == name:
+                return e
+        raise ModelNotFound(f"'{name}' is not in the catalog", "name")
+
+    def catalog(self) -> dict[str, Any]:
+        """Every entry with what is on disk, its fit badge and its download state; the box facts."""
+        c = self.config
+        models_dir = c.models_dir()
+        box = cat.box_facts()
+        downloads = self.downloader.downloads if self.downloader else {}
+        entries = []
+        for e in self.catalog_entries():
+            d = cat.describe(e, models_dir, c.ctx, c.streams, c.kv_dtype, box)
+            d["download"] = downloads[e.name].as_dict() if e.name in downloads else None
+            d["served"] = e.name in self.slots
+            entries.append(d)
+        return {"box": box, "models_dir": str(models_dir), "entries": entries,
+                "local": cat.unknown_local_ggufs(self.catalog_entries(), models_dir)}
+
+    def download(self, name: str, tower: str | None = None) -> dict[str, Any]:
+        """Queue the entry (or, with tower, that tower of the entry) for download."""
+        e = self.catalog_entry(name)
+        if tower is not None:
+            if tower not in e.towers:
+                raise InvalidRequest(f"'{name}' has no tower '{tower}'; its towers: {', '.join(e.towers) or 'none'}",
+                                     "tower")
+            e = self.catalog_entry(tower)
+        return self.downloader.enqueue(e).as_dict()
+
+    def cancel_download(self, name: str) -> bool:
+        """Cancel a queued or running download (False when there is none)."""
+        return self.downloader.cancel(name)
+
+    async def serve(self, name: str) -> dict[str, Any]:
+        """Serve a downloaded catalog entry now: load it in process, make it the default and save
+        the roster as the authoritative config (the next start serves it too)."""
+        e = self.catalog_entry(name)
+        if e.kind not in ("llm", "embedding"):
+            raise InvalidRequest(f"'{name}' is a {e.kind} model; only llm and embedding entries are served "
+                                 "this way", "name")
+        state = cat.local_state(e, self.config.models_dir())
+        if state["state"] not in ("verified", "present"):
+            raise Conflict(f"'{name}' is not downloaded yet ({state['state']}): POST /catalog/download first")
+        entry = ModelEntry(name=e.name, path=state["path"], default=True)
+        if name not in self.slots:
+            await self.add_model(entry, make_default=True)
+        self.default_id = name
+        towers = []
+        for t in e.towers:  # vision/speech towers are recorded; wiring them needs the vision and speech engines
+            ts = cat.local_state(self.catalog_entry(t), self.config.models_dir())["state"]
+            towers.append({"name": t, "local": ts, "wired": False})
+        roster = [m for m in self.config.models if m.name != name]
+        for m in roster:
+            m.default = False
+        self.config.models = [entry, *roster]
+        if self.config.path is not None:
+            await asyncio.to_thread(save_authoritative, self.config.path, {}, self.config.models)
+        return {"served": name, "default": True, "config": str(self.config.path), "towers": towers}
+
+    async def import_gguf(self, path: str) -> dict[str, Any]:
+        """Copy a GGUF from disk into models_dir so the catalog lists it (checked to be a GGUF first)."""
+        src = Path(path).expanduser()
+        if not src.is_file():
+            raise InvalidRequest(f"no such file: {src}", "path")
+        with open(src, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ModelLoadError(f"{src} is not a GGUF file")
+        dest_dir = self.config.models_dir()
+        dest = dest_dir / src.name
+        if dest.exists():
+            raise Conflict(f"{dest} already exists")
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".importing")
+        await asyncio.to_thread(shutil.copyfile, src, tmp)
+        os.replace(tmp, dest)
+        return {"name": dest.stem, "path": str(dest), "size": dest.stat().st_size}
 
     def _run(self, fn: Callable[[], Any]) -> asyncio.Future:
         if self._worker is None:
@@ -351,7 +473,7 @@ class Service:
         summed["max_streams_per_decode"] = max((e["max_streams_per_decode"] for e in entries), default=0)
         ttfts = [v for s in self.slots.values() for v in s.stats.ttft_ms]
         summed["ttft_ms"] = _percentiles(ttfts)
-        return {"setup": self.setup_mode, "version": VERSION, "uptime_s": round(time.monotonic() - self.started, 1),
+        return {"setup": self.setup_mode, "status": self.status, "version": VERSION, "uptime_s": round(time.monotonic() - self.started, 1),
                 "hardware": hardware_line(), "memory": {"rss_bytes": rss_bytes()}, **summed, "models": entries}
 
     def streams(self) -> dict[str, Any]:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import errno
 import hmac
-import ipaddress
 import logging
 from dataclasses import dataclass
 
@@ -14,22 +13,13 @@ from engine.errors import EngineError
 from engine.service import Service
 from server.errors import MAX_BODY_KEY, error_middleware, json_error
 from server.keys import CONFIG, SERVICE
-from server.routes import control, openai
+from server.routes import catalog, control, openai
 
 log = logging.getLogger("llamadesk.server")
 
 
 class PortInUse(EngineError):
     """The configured port is taken by another process."""
-
-
-def is_loopback(request: web.Request) -> bool:
-    """Whether the request comes from this machine."""
-    peer = request.remote or ""
-    try:
-        return ipaddress.ip_address(peer).is_loopback
-    except ValueError:
-        return False
 
 
 def _auth_middleware(api_key: str):
@@ -57,6 +47,7 @@ def build_app(service: Service, config: Config) -> web.Application:
     app[MAX_BODY_KEY] = max_body
     app.add_routes(openai.routes)
     app.add_routes(control.routes)
+    app.add_routes(catalog.routes)
     return app
 
 

@@ -17,6 +17,7 @@ _MAP: list[tuple[type[E.EngineError], int, str, str | None]] = [
     (E.UnsupportedByModel, 400, "invalid_request_error", "model_not_supported"),
     (E.InvalidRequest, 400, "invalid_request_error", None),
     (E.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
+    (E.Conflict, 409, "invalid_request_error", "conflict"),
     (E.QueueFull, 503, "server_error", "server_overloaded"),
     (E.NoModelLoaded, 503, "server_error", "no_model_loaded"),
     (E.EngineStopped, 503, "server_error", "shutting_down"),

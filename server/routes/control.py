@@ -11,9 +11,7 @@ routes = web.RouteTableDef()
 
 @routes.get("/health")
 async def health(request: web.Request) -> web.Response:
-    svc = request.app[SERVICE]
-    status = "setup" if svc.setup_mode else "ok"
-    return web.json_response({"status": status, "version": VERSION})
+    return web.json_response({"status": request.app[SERVICE].status, "version": VERSION})
 
 
 @routes.get("/v1/stats")

@@ -1,0 +1,110 @@
+"""From nothing to a served model without a restart: setup mode, catalog download, serve."""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from engine.config import load
+from tests.conftest import LiveServer
+from tests.fileserver import FileServer
+
+
+def call(server, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(server.url + path, method=method,
+                                 data=None if body is None else json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, json.loads(e.read())
+
+
+@pytest.fixture()
+def setup_server(assets, tmp_path):
+    data = assets["tiny"].read_bytes()
+    files = FileServer(files={"tiny.gguf": data})
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(f'''
+[[model]]
+name = "tiny"
+kind = "llm"
+family = "test"
+file = "tiny.gguf"
+url = "https://example.invalid/tiny.gguf"
+sha256 = "{hashlib.sha256(data).hexdigest()}"
+size = {len(data)}
+ctx = 8192
+tool_format = "generic"
+kv_bytes_per_token = 1024
+''')
+    srv = LiveServer(["--catalog-path", str(catalog), "--catalog-mirror", files.url,
+                      "--models-dir", str(tmp_path / "models")], "# my settings\nport = 9\n", tmp_path)
+    yield srv
+    srv.stop()
+    files.close()
+
+
+def test_download_then_serve_in_process(setup_server, tmp_path):
+    srv = setup_server
+    assert srv.get("/health")["status"] == "setup"
+    with pytest.raises(openai.InternalServerError) as e:
+        srv.client().chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}])
+    assert "no model loaded" in e.value.body["message"]
+
+    status, body = call(srv, "POST", "/catalog/serve", {"name": "tiny"})
+    assert status == 409 and "not downloaded" in body["error"]["message"]
+
+    status, body = call(srv, "POST", "/catalog/download", {"name": "tiny"})
+    assert status == 202 and body["status"] in ("queued", "downloading")
+    deadline = time.monotonic() + 60
+    while True:
+        entry = srv.get("/catalog")["entries"][0]
+        if entry["download"]["status"] in ("done", "failed"):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert entry["download"]["status"] == "done", entry["download"]
+    assert entry["local"]["state"] == "verified" and entry["fit"] == "fits"
+
+    status, body = call(srv, "POST", "/catalog/serve", {"name": "tiny"})
+    assert status == 200, body
+    assert srv.get("/health")["status"] == "ok"
+    r = srv.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=4)
+    assert r.model == "tiny" and r.usage.completion_tokens >= 1
+
+    # The roster was saved as the authoritative config, keeping the user's own lines.
+    saved = (tmp_path / "llamadesk.toml").read_text()
+    assert "# my settings" in saved and "authoritative = true" in saved
+    cfg = load(["--config", str(tmp_path / "llamadesk.toml"), "--port", "1234"])
+    assert [m.name for m in cfg.models] == ["tiny"] and cfg.models[0].default
+    assert (cfg.port, cfg.sources["port"]) == (9, "toml")  # authoritative: the file wins over the flag
+
+
+def test_catalog_errors(setup_server):
+    srv = setup_server
+    assert call(srv, "POST", "/catalog/download", {"name": "nope"})[0] == 404
+    assert call(srv, "POST", "/catalog/download", {})[0] == 400
+    status, body = call(srv, "POST", "/catalog/download", {"name": "tiny", "tower": "vision"})
+    assert status == 400 and body["error"]["param"] == "tower"
+    assert call(srv, "POST", "/catalog/cancel", {"name": "tiny"})[1]["cancelled"] is False
+    cat = srv.get("/catalog")
+    assert cat["box"]["ram_bytes"] > 0 and cat["entries"][0]["local"]["state"] == "absent"
+
+
+def test_import_a_gguf_from_disk(setup_server, assets, tmp_path):
+    srv = setup_server
+    status, body = call(srv, "POST", "/catalog/import", {"path": str(assets["minilm"])})
+    assert status == 201 and body["name"] == "all-MiniLM-L6-v2-f16"
+    assert [m["file"] for m in srv.get("/catalog")["local"]] == ["all-MiniLM-L6-v2-f16.gguf"]
+    not_gguf = tmp_path / "notes.txt"
+    not_gguf.write_text("hello")
+    status, body = call(srv, "POST", "/catalog/import", {"path": str(not_gguf)})
+    assert status == 400 and "not a GGUF" in body["error"]["message"]
