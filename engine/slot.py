@@ -181,7 +181,10 @@ class Slot:
         bctx = self.bctx
         row = 0
         to_sample: list[tuple[Stream, int]] = []
-        for s in step.decode:
+        # Rows in ascending sequence order, as llama-server fills its batches. Measured here: once
+        # sequences had been recycled out of order, arrival-ordered rows made each 4-stream
+        # llama_decode 21-28 ms instead of 17 ms (SmolLM2-135M, 2 threads).
+        for s in sorted(step.decode, key=lambda st: st.seq):
             bctx.set_row(row, s.generated[-1], s.num_cached_tokens, s.seq, True)
             to_sample.append((s, row))
             row += 1
