@@ -30,9 +30,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info("logging to %s", logfile)
     if not config.no_gui:
         if has_display():
-            log.info("the desktop window is not built yet: running the server headless")
-        else:
-            log.info("no display found: running headless (the same as --no-gui)")
+            from app.gui.main import run_gui  # the only path that imports Qt
+            return run_gui(config)
+        log.info("no display found: running headless (the same as --no-gui)")
     from app import headless
     return headless.run(config)
 

@@ -256,6 +256,20 @@ class Service:
         log.info("loaded %s in process in %.1f s", entry.name, time.monotonic() - t0)
         return slot
 
+    async def remove_model(self, name: str) -> None:
+        """Unload a model: abort its streams, drop it from the roster, free it on the scheduler thread."""
+        slot = self.slots.pop(name, None)
+        if slot is None:
+            raise ModelNotFound(f"The model '{name}' is not loaded", "model")
+        for s in slot.live_streams():
+            s.cancelled = True
+        out = Outbox()
+        await self._run(lambda: (slot.step(out), slot.free()))
+        _deliver(out.take())  # the aborted requests learn that they ended
+        if self.default_id == name:
+            self.default_id = next(iter(self.slots), None)
+        log.info("unloaded %s", name)
+
     # ---- catalog and downloads ----------------------------------------------------------------
 
     def catalog_entries(self) -> list[cat.Entry]:

@@ -1,0 +1,235 @@
+"""The one QObject between the panels and the engine facade.
+
+Panels are passive views: they call the bridge's methods and listen to its typed signals. The
+bridge runs facade calls as asyncio tasks on the shared (qasync) loop, so nothing blocking runs
+on it; model loads go to threads inside the facade.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from app.host import Host
+from engine.config import Config, ModelEntry, save_authoritative
+from engine.errors import EngineError
+from engine.requests import ChatRequest, SamplingParams
+
+log = logging.getLogger("llamadesk.gui")
+
+
+class LogBridge(logging.Handler):
+    """A logging handler that re-emits records as a Qt signal (queued to the GUI thread)."""
+
+    def __init__(self, signal: Signal):
+        super().__init__(logging.DEBUG)
+        self._signal = signal
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._signal.emit(record.levelname, self.format(record))
+        except RuntimeError:  # the bridge is gone (shutting down)
+            pass
+
+
+class Bridge(QObject):
+    """Typed signals out, facade calls in."""
+
+    stats_updated = Signal(dict)  # /v1/stats, once a second
+    streams_updated = Signal(list)  # /v1/streams' list, once a second
+    state_changed = Signal(str)  # serving | setup | loading | busy | paused | stopped
+    models_changed = Signal()
+    log_record = Signal(str, str)  # level, formatted line
+    chat_delta = Signal(str, str)  # chat id, text
+    chat_done = Signal(str, dict)  # chat id, {finish_reason, usage, tok_s, seconds}
+    chat_error = Signal(str, str)  # chat id, message
+    notice = Signal(str)  # a one-line message for the status bar
+    config_saved = Signal(str)  # path
+    reloaded = Signal()
+    quitting = Signal()
+
+    def __init__(self, host: Host):
+        super().__init__()
+        self.host = host
+        self._chats: dict[str, asyncio.Task] = {}
+        self._gens: dict[str, Any] = {}
+        self._ids = itertools.count(1)
+        self._tasks: set[asyncio.Task] = set()
+        self._state = ""
+        self._timer = QTimer(self)
+        self._timer.setInterval(1000)
+        self._timer.timeout.connect(self.on_tick)
+        self.log_handler = LogBridge(self.log_record)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin the 1 Hz updates."""
+        self._timer.start()
+        self.on_tick()
+
+    def spawn(self, coro) -> asyncio.Task:
+        """Run a coroutine on the shared loop, logging (not raising) its failure."""
+        task = asyncio.get_event_loop().create_task(coro)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                e = t.exception()
+                msg = e.message if isinstance(e, EngineError) else str(e)
+                log.error("%s", msg, exc_info=None if isinstance(e, EngineError) else e)
+                self.notice.emit(msg)
+        task.add_done_callback(done)
+        return task
+
+    @property
+    def service(self):
+        return self.host.service
+
+    def state(self) -> str:
+        """What the tray and status bar show."""
+        svc = self.host.service
+        if svc is None:
+            return "stopped"
+        if svc.status != "ok":
+            return svc.status
+        if not self.host.serving:
+            return "paused"
+        return "busy" if svc.stats()["active_streams"] else "serving"
+
+    def on_tick(self) -> None:
+        svc = self.host.service
+        state = self.state()
+        if state != self._state:
+            self._state = state
+            self.state_changed.emit(state)
+        if svc is None:
+            return
+        self.stats_updated.emit(svc.stats())
+        self.streams_updated.emit(svc.streams()["streams"])
+
+    # ---- chat -----------------------------------------------------------------------------
+
+    def chat(self, model: str | None, messages: list[dict], sampling: SamplingParams) -> str:
+        """Start a streamed chat reply; returns its id for chat_delta/chat_done/chat_error."""
+        cid = f"chat-{next(self._ids)}"
+        self._chats[cid] = self.spawn(self._chat(cid, model, messages, sampling))
+        return cid
+
+    async def _chat(self, cid: str, model: str | None, messages: list[dict], sampling: SamplingParams) -> None:
+        t0 = time.monotonic()
+        first = None
+        gen = None
+        try:
+            gen = await self.host.service.chat(ChatRequest(model, messages, sampling))
+            self._gens[cid] = gen
+            async for text in gen.chunks():
+                if first is None:
+                    first = time.monotonic()
+                self.chat_delta.emit(cid, text)
+            end = time.monotonic()
+            n = gen.usage.get("completion_tokens", 0)
+            tok_s = (n - 1) / (end - first) if first and n > 1 and end > first else 0.0
+            self.chat_done.emit(cid, {"finish_reason": gen.finish_reason, "usage": gen.usage,
+                                      "tok_s": round(tok_s, 1), "seconds": round(end - t0, 2), "id": gen.id})
+        except EngineError as e:
+            self.chat_error.emit(cid, e.message)
+        except asyncio.CancelledError:
+            self.chat_done.emit(cid, {"finish_reason": "cancelled", "usage": gen.usage if gen else {},
+                                      "tok_s": 0.0, "seconds": round(time.monotonic() - t0, 2),
+                                      "id": gen.id if gen else None})
+        finally:
+            if gen is not None:
+                gen.cancel()  # no-op when it finished; aborts the engine stream otherwise
+            self._chats.pop(cid, None)
+            self._gens.pop(cid, None)
+
+    def stop_chat(self, cid: str) -> None:
+        """Abort a running reply in the engine; chat_done follows once the engine evicted it."""
+        gen = self._gens.get(cid)
+        if gen is not None:
+            gen.cancel()  # the engine ends the stream at its next tick and reports "cancelled"
+        elif cid in self._chats:
+            self._chats[cid].cancel()  # not submitted yet
+
+    def engine_stream_id(self, cid: str) -> str | None:
+        """The engine's id of a running chat (as /v1/streams shows it)."""
+        gen = self._gens.get(cid)
+        return gen.id if gen else None
+
+    # ---- models -----------------------------------------------------------------------------
+
+    def load_model(self, path: str) -> asyncio.Task:
+        """Serve another GGUF (loaded off the loop)."""
+        from pathlib import Path
+        name = Path(path).stem
+
+        async def go() -> None:
+            self.state_changed.emit("loading")
+            try:
+                await self.host.service.add_model(ModelEntry(name=name, path=path))
+            finally:
+                self.on_tick()
+            self.models_changed.emit()
+            self.notice.emit(f"loaded {name}")
+        return self.spawn(go())
+
+    def unload_model(self, name: str) -> asyncio.Task:
+        """Stop serving a model and free it."""
+        async def go() -> None:
+            await self.host.service.remove_model(name)
+            self.models_changed.emit()
+            self.notice.emit(f"unloaded {name}")
+        return self.spawn(go())
+
+    def set_default(self, name: str) -> None:
+        """Route requests without a model to this one."""
+        if name in self.host.service.slots:
+            self.host.service.default_id = name
+            self.models_changed.emit()
+
+    # ---- settings -----------------------------------------------------------------------------
+
+    def save_settings(self, config: Config, values: dict[str, Any]) -> str:
+        """Write values (and the roster) as the authoritative TOML; returns its path."""
+        path = config.path
+        save_authoritative(path, values, config.models)
+        self.config_saved.emit(str(path))
+        return str(path)
+
+    def apply(self, config: Config) -> asyncio.Task:
+        """Reload the server in process with a new configuration (no process restart)."""
+        async def go() -> None:
+            self.state_changed.emit("loading")
+            await self.host.reload(config)
+            self.reloaded.emit()
+            self.models_changed.emit()
+            self.on_tick()
+            self.notice.emit(f"settings applied; serving on {self.host.url}")
+        return self.spawn(go())
+
+    # ---- serving ------------------------------------------------------------------------------
+
+    def toggle_serving(self) -> asyncio.Task:
+        """Pause or resume the HTTP server (models stay loaded)."""
+        async def go() -> None:
+            if self.host.serving:
+                await self.host.pause()
+            else:
+                await self.host.resume()
+            self.on_tick()
+        return self.spawn(go())
+
+    async def shutdown(self) -> None:
+        """Drain streams (5 s at most), stop the server, free the models."""
+        self._timer.stop()
+        self.quitting.emit()
+        for task in list(self._chats.values()):
+            task.cancel()
+        await self.host.stop(drain_s=5.0)

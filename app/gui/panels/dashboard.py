@@ -1,0 +1,101 @@
+"""Dashboard: live charts (1 Hz) and a per-stream swimlane, from the same data as /v1/stats and /v1/streams."""
+from __future__ import annotations
+
+from collections import deque
+
+import pyqtgraph as pg
+from PySide6.QtWidgets import (QGridLayout, QGroupBox, QHeaderView, QLabel, QProgressBar, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
+
+HISTORY = 120  # seconds of chart history
+
+
+class Chart(pg.PlotWidget):
+    """A small time-series chart with one or more named lines."""
+
+    def __init__(self, title: str, series: list[tuple[str, str]], unit: str):
+        super().__init__()
+        self.setBackground(None)
+        self.setTitle(title, size="10pt")
+        self.setMouseEnabled(False, False)
+        self.hideButtons()
+        self.showGrid(x=False, y=True, alpha=0.2)
+        self.getPlotItem().setLabel("left", unit)
+        self.getPlotItem().getAxis("bottom").setStyle(showValues=False)
+        self.addLegend(offset=(5, 5))
+        self.lines = {}
+        self.data = {}
+        for name, color in series:
+            self.lines[name] = self.plot([], [], name=name, pen=pg.mkPen(color, width=2))
+            self.data[name] = deque(maxlen=HISTORY)
+        self.setMinimumHeight(150)
+
+    def push(self, values: dict[str, float]) -> None:
+        for name, v in values.items():
+            self.data[name].append(v)
+            ys = list(self.data[name])
+            self.lines[name].setData(list(range(len(ys))), ys)
+
+
+class DashboardPanel(QWidget):
+    """Throughput, streams and memory over time; what every stream is doing now."""
+
+    def __init__(self, bridge):
+        super().__init__()
+        self.bridge = bridge
+        self.gen = Chart("Generated tokens/s", [("generated", "#5b6cff")], "tok/s")
+        self.prefill = Chart("Prefill tokens/s", [("prefill", "#2bb3a3")], "tok/s")
+        self.streams_chart = Chart("Streams", [("active", "#e07b39"), ("queued", "#9b59b6")], "streams")
+        self.memory = Chart("Memory", [("rss", "#7f8c8d")], "MB")
+        self.summary = QLabel()
+        self.summary.setWordWrap(True)
+        charts = QGridLayout()
+        for i, c in enumerate((self.gen, self.prefill, self.streams_chart, self.memory)):
+            charts.addWidget(c, i // 2, i % 2)
+        self.table = QTableWidget(0, 7)
+        self.table.setHorizontalHeaderLabels(["stream", "model", "state", "progress", "tok/s", "prompt", "tail"])
+        self.table.horizontalHeader().setSectionResizeMode(6, QHeaderView.ResizeMode.Stretch)
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        lanes = QGroupBox("Streams")
+        QVBoxLayout(lanes).addWidget(self.table)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.summary)
+        layout.addLayout(charts, 3)
+        layout.addWidget(lanes, 2)
+        bridge.stats_updated.connect(self.on_stats_updated)
+        bridge.streams_updated.connect(self.on_streams_updated)
+
+    def on_stats_updated(self, stats: dict) -> None:
+        self.gen.push({"generated": stats["gen_tok_s"]})
+        self.prefill.push({"prefill": stats["prefill_tok_s"]})
+        self.streams_chart.push({"active": stats["active_streams"], "queued": stats["queued_streams"]})
+        self.memory.push({"rss": stats["memory"]["rss_bytes"] / 2**20})
+        t = stats["ttft_ms"]
+        self.summary.setText(
+            f"<b>{stats['gen_tokens']}</b> tokens generated, <b>{stats['prefill_tokens']}</b> prefilled in "
+            f"<b>{stats['decode_calls']}</b> decodes (up to {stats['max_streams_per_decode']} streams per decode) · "
+            f"prefix cache hits <b>{stats['prefix_cache_hits']}</b> · TTFT p50 {t['p50']:.0f} ms, "
+            f"p95 {t['p95']:.0f} ms · {stats['hardware']}")
+
+    def on_streams_updated(self, streams: list) -> None:
+        live = [s for s in streams if s["state"] != "done"] + [s for s in streams if s["state"] == "done"][-8:]
+        self.table.setRowCount(len(live))
+        for row, s in enumerate(live):
+            state = s["state"] + (f" ({s['finish_reason']})" if s.get("finish_reason") else "")
+            for col, text in ((0, s["id"][:10]), (1, s["model"]), (2, state), (4, f"{s['tok_s']:.1f}"),
+                              (5, str(s["prompt_tokens"])), (6, s["tail"].replace("\n", " ")[-60:])):
+                self.table.setItem(row, col, QTableWidgetItem(text))
+            bar = self.table.cellWidget(row, 3)
+            if not isinstance(bar, QProgressBar):
+                bar = QProgressBar()
+                bar.setTextVisible(True)
+                self.table.setCellWidget(row, 3, bar)
+            if s["state"] == "prefill":
+                bar.setRange(0, max(s["prompt_tokens"], 1))
+                bar.setValue(s["prompt_done"])
+                bar.setFormat("prefill %v/%m")
+            else:
+                bar.setRange(0, max(s["max_tokens"], 1))
+                bar.setValue(min(s["gen_tokens"], s["max_tokens"]))
+                bar.setFormat("%v/%m tokens")

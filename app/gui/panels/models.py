@@ -1,0 +1,99 @@
+"""Models: the served slots as cards; open another GGUF; unload; make default."""
+from __future__ import annotations
+
+from PySide6.QtWidgets import (QFileDialog, QFrame, QGridLayout, QHBoxLayout, QLabel, QPushButton, QScrollArea,
+                               QVBoxLayout, QWidget)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+class ModelCard(QFrame):
+    """One slot: file, size, quant, ctx, streams, state, prefix-cache hit rate."""
+
+    def __init__(self, model: dict, stats: dict | None, bridge):
+        super().__init__()
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.name = model["id"]
+        grid = QGridLayout(self)
+        title = QLabel(f"<b>{model['id']}</b>" + ("  <i>(default)</i>" if model["default"] else ""))
+        grid.addWidget(title, 0, 0, 1, 4)
+        reqs = (stats or {}).get("requests", 0)
+        hits = (stats or {}).get("prefix_cache_hits", 0)
+        facts = [("file", model["path"]), ("size", _size(model["file_size"])), ("quant", model["quant"]),
+                 ("arch", model["arch"]), ("kind", model["kind"]), ("context", f"{model['ctx']} per stream"),
+                 ("streams", str(model["streams"])), ("state", model["state"]),
+                 ("prefix cache", f"{hits}/{reqs} requests hit" + (f" ({100 * hits / reqs:.0f}%)" if reqs else ""))]
+        for i, (k, v) in enumerate(facts):
+            grid.addWidget(QLabel(k), 1 + i // 2, (i % 2) * 2)
+            value = QLabel(v)
+            value.setWordWrap(True)
+            grid.addWidget(value, 1 + i // 2, (i % 2) * 2 + 1)
+        buttons = QHBoxLayout()
+        self.unload = QPushButton("Unload")
+        self.unload.clicked.connect(lambda: bridge.unload_model(self.name))
+        self.make_default = QPushButton("Make default")
+        self.make_default.setEnabled(not model["default"])
+        self.make_default.clicked.connect(lambda: bridge.set_default(self.name))
+        buttons.addStretch(1)
+        buttons.addWidget(self.make_default)
+        buttons.addWidget(self.unload)
+        grid.addLayout(buttons, 6, 0, 1, 4)
+
+
+class ModelsPanel(QWidget):
+    """The roster as cards."""
+
+    def __init__(self, bridge):
+        super().__init__()
+        self.bridge = bridge
+        self.open_button = QPushButton("Open GGUF…")
+        self.open_button.clicked.connect(self.ask_open)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("Served models"))
+        top.addStretch(1)
+        top.addWidget(self.open_button)
+        self.cards = QVBoxLayout()
+        inner = QWidget()
+        inner_layout = QVBoxLayout(inner)
+        inner_layout.addLayout(self.cards)
+        inner_layout.addStretch(1)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setWidget(inner)
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addWidget(scroll)
+        self._stats: dict = {}
+        bridge.models_changed.connect(self.refresh)
+        bridge.reloaded.connect(self.refresh)
+        bridge.stats_updated.connect(self.on_stats_updated)
+        self.refresh()
+
+    def on_stats_updated(self, stats: dict) -> None:
+        self._stats = {m["id"]: m for m in stats["models"]}
+
+    def refresh(self) -> None:
+        while self.cards.count():
+            w = self.cards.takeAt(0).widget()
+            if w:
+                w.deleteLater()
+        svc = self.bridge.service
+        if svc is None:
+            return
+        models = svc.models()
+        if not models:
+            self.cards.addWidget(QLabel("No model is served yet: open a GGUF, or download one in the Catalog."))
+        for m in models:
+            self.cards.addWidget(ModelCard(m, self._stats.get(m["id"]), self.bridge))
+
+    def card_names(self) -> list[str]:
+        return [self.cards.itemAt(i).widget().name for i in range(self.cards.count())
+                if isinstance(self.cards.itemAt(i).widget(), ModelCard)]
+
+    def ask_open(self) -> None:
+        dlg = QFileDialog(self, "Serve a GGUF", "", "GGUF models (*.gguf)")
+        dlg.setFileMode(QFileDialog.FileMode.ExistingFile)
+        dlg.fileSelected.connect(self.bridge.load_model)
+        dlg.open()  # non-blocking; the load itself runs off the loop

@@ -1,0 +1,79 @@
+"""The serving host shared by the desktop app and --no-gui: the engine facade plus the HTTP
+server, with pause/resume and an in-process reload. Never imports Qt."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from engine.config import Config
+from engine.service import Service
+from server.app import Server, start_server
+
+log = logging.getLogger("llamadesk.app")
+
+
+class Host:
+    """Owns the Service and the Server for one configuration."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.service: Service | None = None
+        self.server: Server | None = None
+
+    @property
+    def url(self) -> str | None:
+        return self.server.url if self.server else None
+
+    @property
+    def serving(self) -> bool:
+        return self.server is not None
+
+    async def start(self) -> None:
+        """Load the configured models (off the loop), start the scheduler, then listen."""
+        service = Service(self.config)
+        log.info("loading %d model(s)", len(self.config.models))
+        await asyncio.to_thread(service.load_models)  # EngineError (e.g. a bad GGUF) propagates
+        if service.setup_mode:
+            log.warning("no model configured: serving in setup mode (download one from the catalog)")
+        service.start(asyncio.get_running_loop())
+        self.service = service
+        try:
+            self.server = await start_server(service, self.config)
+        except BaseException:
+            await service.stop()
+            self.service = None
+            raise
+        log.info("serving the OpenAI API on %s/v1", self.server.url)
+
+    async def pause(self) -> None:
+        """Stop listening; models stay loaded."""
+        if self.server:
+            await self.server.stop()
+            self.server = None
+            log.info("serving paused")
+
+    async def resume(self) -> None:
+        """Listen again on the configured address."""
+        if self.server is None and self.service is not None:
+            self.server = await start_server(self.service, self.config)
+            log.info("serving resumed on %s/v1", self.server.url)
+
+    async def stop(self, drain_s: float = 0.0) -> None:
+        """Let running streams finish for up to drain_s, then stop listening and free the models."""
+        if self.service and drain_s > 0:
+            deadline = time.monotonic() + drain_s
+            while time.monotonic() < deadline and self.service.stats()["active_streams"]:
+                await asyncio.sleep(0.05)
+        log.info("shutting down: stopping the HTTP server")
+        await self.pause()
+        if self.service:
+            log.info("shutting down: aborting requests and freeing models")
+            await self.service.stop()
+            self.service = None
+
+    async def reload(self, config: Config) -> None:
+        """Apply a new configuration in process: stop everything, start again (no process restart)."""
+        await self.stop()
+        self.config = config
+        await self.start()

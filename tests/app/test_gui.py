@@ -1,0 +1,244 @@
+"""The desktop app offscreen (pytest-qt): the real server on the qasync loop, the real tiny GGUF."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+pytest.importorskip("PySide6")  # a dependency: always installed by `make test`
+
+import qasync  # noqa: E402
+from PySide6.QtGui import QGuiApplication  # noqa: E402
+
+from app.gui.main import Desktop  # noqa: E402
+from app.gui.single import InstanceGuard  # noqa: E402
+from app.gui.window import PANELS  # noqa: E402
+from engine.config import load  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gui(qapp, assets, tmp_path_factory):
+    """A started Desktop serving the tiny model on a free port, and a runner for its loop."""
+    tmp = tmp_path_factory.mktemp("gui")
+    cfg_path = tmp / "llamadesk.toml"
+    cfg_path.write_text("# hand-written\n")
+    config = load(["--config", str(cfg_path), "--port", "0", "--model", str(assets["tiny"]),
+                   "--models-dir", str(tmp / "models")])
+    loop = qasync.QEventLoop(qapp)
+    asyncio.set_event_loop(loop)
+    desktop = Desktop(config)
+
+    def run(coro, timeout: float = 60):
+        return loop.run_until_complete(asyncio.wait_for(coro, timeout))
+
+    run(desktop.start())
+    desktop.run_loop = run
+    desktop.cfg_path = cfg_path
+    yield desktop
+    if desktop.host.service is not None:
+        run(desktop.quit())
+    loop.close()
+    asyncio.set_event_loop(None)
+
+
+def next_signal(signal, pred=lambda *a: True) -> asyncio.Future:
+    """A future resolved with the arguments of the next emission of signal matching pred."""
+    fut = asyncio.get_event_loop().create_future()
+
+    def on(*args):
+        if pred(*args) and not fut.done():
+            fut.set_result(args)
+    signal.connect(on)
+    fut.add_done_callback(lambda _: signal.disconnect(on))
+    return fut
+
+
+def http_get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def test_window_has_every_panel(gui):
+    w = gui.window
+    assert list(w.panels) == list(PANELS)
+    for name in PANELS:
+        w.show_panel(name)
+        assert w.stack.currentWidget() is w.panels[name]
+    assert w.api_url().startswith("http://127.0.0.1:") and w.api_url().endswith("/v1")
+    assert gui.bridge.state() == "serving"
+
+
+def test_chat_reply_streams_into_the_panel_and_equals_the_servers_greedy_answer(gui):
+    chat = gui.window.panels["Chat"]
+    chat.new_chat()
+    chat.temperature.setValue(0)
+    chat.max_tokens.setValue(40)
+    chat.system.setPlainText("")
+    chat.input.setPlainText("hello there")
+    deltas = []
+    gui.bridge.chat_delta.connect(lambda cid, text: deltas.append(text))
+
+    async def scenario():
+        done = next_signal(gui.bridge.chat_done)
+        chat.send()
+        await done
+        body = {"model": "", "messages": [{"role": "user", "content": "hello there"}], "temperature": 0,
+                "max_tokens": 40}
+        req = urllib.request.Request(gui.host.url + "/v1/chat/completions", data=json.dumps(body).encode())
+        return await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(req, timeout=30).read()))
+    answer = gui.run_loop(scenario())
+    assert len(deltas) >= 1
+    assert chat.reply_text() == answer["choices"][0]["message"]["content"]
+    assert "tok/s" in chat.messages[-1]["meta"]
+
+
+def test_stop_aborts_the_reply_in_the_engine(gui):
+    chat = gui.window.panels["Chat"]
+    chat.new_chat()
+    chat.temperature.setValue(0)
+    chat.max_tokens.setValue(3000)
+    chat.input.setPlainText("Tell me a long story")  # greedy on the tiny model: ~1300 tokens before EOS
+
+    async def scenario():
+        first = next_signal(gui.bridge.chat_delta)
+        done = next_signal(gui.bridge.chat_done)
+        chat.send()
+        await first
+        engine_id = gui.bridge.engine_stream_id(chat.current)
+        chat.stop()
+        info = (await done)[1]
+        streams = (await asyncio.to_thread(http_get, gui.host.url + "/v1/streams"))["streams"]
+        return engine_id, info, streams
+    engine_id, info, streams = gui.run_loop(scenario())
+    assert info["finish_reason"] == "cancelled"
+    mine = next(s for s in streams if s["id"] == engine_id)
+    assert mine["state"] == "done" and mine["finish_reason"] == "cancelled" and mine["gen_tokens"] < 1000
+    assert not any(s["state"] in ("queued", "prefill", "decode") for s in streams)
+    assert chat.send_button.isEnabled() and not chat.stop_button.isEnabled()
+
+
+def test_settings_save_a_toml_that_a_fresh_start_reads_back(gui):
+    panel = gui.window.panels["Settings"]
+    panel.refresh()
+    _, widget, source = panel.fields["streams"]
+    assert source.text() == "default"
+    widget.setValue(3)
+    _, chunk, _ = panel.fields["chunk"]
+    chunk.setValue(256)
+    assert panel.save()
+    text = gui.cfg_path.read_text()
+    assert "# hand-written" in text and "authoritative = true" in text
+    fresh = load(["--config", str(gui.cfg_path)])
+    assert (fresh.streams, fresh.sources["streams"]) == (3, "toml")
+    assert (fresh.chunk, fresh.sources["chunk"]) == (256, "toml")
+    assert [m.name for m in fresh.models] == ["tiny-random-llama"]
+
+
+def test_settings_apply_reloads_in_process(gui):
+    panel = gui.window.panels["Settings"]
+
+    async def scenario():
+        reloaded = next_signal(gui.bridge.reloaded)
+        panel.save_and_apply()
+        await reloaded
+        return await asyncio.to_thread(http_get, gui.host.url + "/v1/models")
+    models = gui.run_loop(scenario())
+    assert models["data"][0]["streams"] == 3  # saved by the previous test, now live
+    assert gui.host.config.sources["streams"] == "toml"
+    panel.refresh()
+    assert panel.fields["streams"][2].text() == "toml"
+
+
+def test_tray_actions(gui):
+    tray = gui.tray
+    assert [a.text() for a in tray.menu.actions() if a.text()] == ["Open window", "Copy API URL", "Pause serving",
+                                                                     "Quit"]
+    QGuiApplication.clipboard().clear()
+    tray.copy_action.trigger()
+    assert QGuiApplication.clipboard().text() == gui.window.api_url()
+
+    async def pause_resume():
+        url = gui.host.url
+        await gui.bridge.toggle_serving()
+        paused = gui.host.url
+        state = gui.bridge.state()
+        await gui.bridge.toggle_serving()
+        health = await asyncio.to_thread(http_get, gui.host.url + "/health")
+        return url, paused, state, health
+    url, paused, state, health = gui.run_loop(pause_resume())
+    assert url and paused is None and state == "paused" and health["status"] == "ok"
+    assert tray.pause_action.text() == "Pause serving"
+
+
+def test_closing_the_window_keeps_serving(gui):
+    gui.window.show()
+    gui.window.close()
+    assert not gui.window.isVisible()
+    r = gui.run_loop(asyncio.to_thread(http_get, gui.host.url + "/v1/models"))
+    assert r["data"][0]["id"] == "tiny-random-llama"
+    gui.tray.open_action.trigger()
+    assert gui.window.isVisible()
+
+
+def test_models_panel_loads_and_unloads_a_gguf(gui, assets):
+    panel = gui.window.panels["Models"]
+
+    async def scenario():
+        changed = next_signal(gui.bridge.models_changed)
+        await gui.bridge.load_model(str(assets["minilm"]))
+        await changed
+        names = panel.card_names()
+        changed = next_signal(gui.bridge.models_changed)
+        await gui.bridge.unload_model("all-MiniLM-L6-v2-f16")
+        await changed
+        return names, panel.card_names()
+    loaded, after = gui.run_loop(scenario())
+    assert loaded == ["tiny-random-llama", "all-MiniLM-L6-v2-f16"]
+    assert after == ["tiny-random-llama"]
+
+
+def test_logs_panel_and_diagnostics(gui):
+    logs = gui.window.panels["Logs"]
+    import logging
+    logging.getLogger("llamadesk.test").warning("a line for the logs panel")
+    gui.run_loop(asyncio.sleep(0.1))
+    assert "a line for the logs panel" in logs.view.toPlainText()
+    logs.search.setText("no such text anywhere")
+    assert logs.view.toPlainText() == ""
+    logs.search.setText("")
+    logs.copy_diagnostics()
+    diag = QGuiApplication.clipboard().text()
+    assert "llamadesk 0.1.0" in diag and "llama.cpp:" in diag and '"streams"' in diag
+
+
+def test_a_second_launch_activates_the_first(qapp):
+    first = InstanceGuard("llamadesk-test-guard")
+    assert first.listen()
+    hits = []
+    first.activate_requested.connect(lambda: hits.append(1))
+    second = InstanceGuard("llamadesk-test-guard")
+    assert second.other_running()
+    for _ in range(50):
+        qapp.processEvents()
+        if hits:
+            break
+    assert hits
+    assert not InstanceGuard("llamadesk-test-nobody").other_running()
+
+
+def test_quit_drains_stops_and_frees(gui):
+    async def scenario():
+        await gui.quit()
+        return gui.host.service, gui.host.server
+    service, server = gui.run_loop(scenario())
+    assert service is None and server is None
+
+
+def test_no_gui_never_imports_qt():
+    code = ("import sys, app.main, app.headless, app.host, server.app, engine.service; "
+            "assert not [m for m in sys.modules if m.startswith(('PySide6', 'qasync', 'pyqtgraph'))]")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
