@@ -20,7 +20,7 @@ endif
 LLAMA_TAG := $(shell echo '$(LLAMA_CPP_VERSION) $(LLAMA_CMAKE_ARGS)' | sha1sum | cut -c1-12)
 LLAMA_WHEEL_DIR := $(CACHE)/wheels/llama-cpp-python-$(LLAMA_TAG)
 
-.PHONY: run test bench assets llama-wheel clean
+.PHONY: run test bench screenshots assets llama-wheel clean
 run: $(VENV)/.installed
 	$(BIN)/llamadesk $(ARGS)
 
@@ -32,6 +32,11 @@ bench: $(VENV)/.installed-test
 	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"
 	LLAMADESK_TEST_ASSETS="$(ASSETS)" $(BIN)/python tests/bench/bench_concurrency.py $(BENCH_ARGS)
+	LLAMADESK_TEST_ASSETS="$(ASSETS)" QT_QPA_PLATFORM=offscreen $(BIN)/python tests/bench/bench_gui_lag.py
+
+screenshots: $(VENV)/.installed-test
+	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m app.gui.screenshots docs/screenshots --model "$(ASSETS)/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 assets: $(VENV)/.installed-test
 	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"

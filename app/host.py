@@ -3,6 +3,7 @@ server, with pause/resume and an in-process reload. Never imports Qt."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 
@@ -45,6 +46,11 @@ class Host:
             self.service = None
             raise
         log.info("serving the OpenAI API on %s/v1", self.server.url)
+        # What exists now (models, the app's windows, libraries) lives as long as the process: keep
+        # it out of the cyclic GC's full collections, which otherwise stall the shared event loop
+        # (window and HTTP replies) for 60-100 ms under load (measured by tests/bench/bench_gui_lag.py).
+        gc.collect()
+        gc.freeze()
 
     async def pause(self) -> None:
         """Stop listening; models stay loaded."""

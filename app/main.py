@@ -14,7 +14,8 @@ def has_display() -> bool:
     """Whether a GUI could open a window here."""
     if sys.platform in ("win32", "darwin"):
         return True
-    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+    # QT_QPA_PLATFORM names a Qt platform explicitly (e.g. offscreen, vnc): the user wants the window.
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or os.environ.get("QT_QPA_PLATFORM"))
 
 
 def main(argv: list[str] | None = None) -> int:

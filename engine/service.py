@@ -33,6 +33,7 @@ from engine.slot import Outbox, Slot, SlotSettings
 log = logging.getLogger("llamadesk.engine")
 VERSION = "0.1.0"
 MAX_QUEUED = 32  # requests waiting for a stream, per model, before 503
+COMPUTE_NICE = 5  # niceness of the scheduler thread (Linux, per thread); see _lower_priority
 FLUSH_S = 0.02  # longest a generated delta waits to be batched with the next ones
 
 
@@ -127,6 +128,7 @@ class _Worker(threading.Thread):
         self._event.set()
 
     def run(self) -> None:
+        _lower_priority(COMPUTE_NICE)
         out = Outbox()
         last_flush = 0.0
         while not self._stopping:
@@ -156,6 +158,18 @@ class _Worker(threading.Thread):
             _, fut = self._calls.popleft()
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(EngineStopped("the engine is shutting down"))
+
+
+def _lower_priority(nice: int) -> None:
+    """Make this thread (and the llama.cpp worker threads it starts later, which inherit it) yield
+    to the event loop: with llama.cpp on every core, an equal-priority loop thread waits for CPU
+    time slices and the window and HTTP replies stutter."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)  # Linux: per-thread niceness
+    except OSError as e:
+        log.debug("cannot lower the scheduler thread's priority: %s", e)
 
 
 def _deliver(out: list) -> None:

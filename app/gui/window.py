@@ -31,6 +31,7 @@ class MainWindow(QMainWindow):
         self.sidebar = QListWidget()
         self.sidebar.addItems(list(self.panels))
         self.sidebar.setFixedWidth(150)
+        self.sidebar.setStyleSheet("QListWidget::item { padding: 7px 10px; }")
         self.stack = QStackedWidget()
         for p in self.panels.values():
             self.stack.addWidget(p)

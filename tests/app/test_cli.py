@@ -84,3 +84,24 @@ def test_no_model_starts_in_setup_mode(tmp_path):
         assert get(url + "/v1/stats")[1]["setup"] is True
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
+
+
+def test_desktop_app_serves_refuses_a_second_copy_and_quits_on_sigterm(tmp_path, assets):
+    """No --no-gui: the window (offscreen here) and the server share one qasync loop."""
+    cfg = tmp_path / "empty.toml"
+    cfg.write_text("")
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "TMPDIR": str(tmp_path),  # the instance socket lives there
+           "XDG_STATE_HOME": str(tmp_path / "state")}
+    cmd = [sys.executable, "-m", "app", "--config", str(cfg), "--port", "0", "--model", str(assets["tiny"])]
+    with subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            url = wait_for_url(proc)
+            assert get(url + "/health")[1]["status"] == "ok"
+            second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+            assert second.returncode == 0 and "already running" in second.stderr
+            assert get(url + "/health")[1]["status"] == "ok"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+            assert "quitting" in proc.stderr.read()
+        finally:
+            proc.kill()
