@@ -61,6 +61,7 @@ class DashboardPanel(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(6, QHeaderView.ResizeMode.Stretch)
         self.table.verticalHeader().setVisible(False)
         self.table.setWordWrap(False)
+        self.table.setColumnWidth(3, 170)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
         lanes = QGroupBox("Streams")
         QVBoxLayout(lanes).addWidget(self.table)

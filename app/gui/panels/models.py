@@ -19,17 +19,17 @@ class ModelCard(QFrame):
         grid = QGridLayout(self)
         title = QLabel(f"<b>{model['id']}</b>" + ("  <i>(default)</i>" if model["default"] else ""))
         grid.addWidget(title, 0, 0, 1, 4)
-        reqs = (stats or {}).get("requests", 0)
-        hits = (stats or {}).get("prefix_cache_hits", 0)
         facts = [("file", model["path"]), ("size", _size(model["file_size"])), ("quant", model["quant"]),
                  ("arch", model["arch"]), ("kind", model["kind"]), ("context", f"{model['ctx']} per stream"),
-                 ("streams", str(model["streams"])), ("state", model["state"]),
-                 ("prefix cache", f"{hits}/{reqs} requests hit" + (f" ({100 * hits / reqs:.0f}%)" if reqs else ""))]
+                 ("streams", str(model["streams"])), ("state", model["state"]), ("prefix cache", "")]
+        self.values: dict[str, QLabel] = {}
         for i, (k, v) in enumerate(facts):
             grid.addWidget(QLabel(k), 1 + i // 2, (i % 2) * 2)
             value = QLabel(v)
             value.setWordWrap(True)
             grid.addWidget(value, 1 + i // 2, (i % 2) * 2 + 1)
+            self.values[k] = value
+        self.update_stats(stats)
         buttons = QHBoxLayout()
         self.unload = QPushButton("Unload")
         self.unload.clicked.connect(lambda: bridge.unload_model(self.name))
@@ -40,6 +40,15 @@ class ModelCard(QFrame):
         buttons.addWidget(self.make_default)
         buttons.addWidget(self.unload)
         grid.addLayout(buttons, 6, 0, 1, 4)
+
+    def update_stats(self, stats: dict | None) -> None:
+        """Refresh the live figures (state, prefix-cache hit rate) from /v1/stats' entry."""
+        stats = stats or {}
+        reqs, hits = stats.get("requests", 0), stats.get("prefix_cache_hits", 0)
+        self.values["prefix cache"].setText(f"{hits}/{reqs} requests hit" +
+                                            (f" ({100 * hits / reqs:.0f}%)" if reqs else ""))
+        if "state" in stats:
+            self.values["state"].setText(stats["state"])
 
 
 class ModelsPanel(QWidget):
@@ -73,6 +82,10 @@ class ModelsPanel(QWidget):
 
     def on_stats_updated(self, stats: dict) -> None:
         self._stats = {m["id"]: m for m in stats["models"]}
+        for i in range(self.cards.count()):
+            card = self.cards.itemAt(i).widget()
+            if isinstance(card, ModelCard):
+                card.update_stats(self._stats.get(card.name))
 
     def refresh(self) -> None:
         while self.cards.count():
