@@ -1,8 +1,27 @@
 """The tray icon: state, open the window, copy the API URL, pause/resume serving, quit."""
 from __future__ import annotations
 
-from PySide6.QtGui import QAction, QGuiApplication
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QColor, QGuiApplication, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
+
+STATE_COLORS = {"serving": "#2ecc71", "busy": "#f39c12", "loading": "#3498db", "setup": "#9b59b6",
+                "paused": "#95a5a6", "stopped": "#e74c3c"}
+
+
+def state_icon(base: QIcon, state: str) -> QIcon:
+    """The app icon with a dot in the corner whose colour says the state."""
+    pix = base.pixmap(64, 64)
+    if pix.isNull():
+        pix = QPixmap(64, 64)
+        pix.fill(Qt.GlobalColor.transparent)
+    p = QPainter(pix)
+    p.setRenderHint(QPainter.RenderHint.Antialiasing)
+    p.setPen(QColor("#ffffff"))
+    p.setBrush(QColor(STATE_COLORS.get(state, "#95a5a6")))
+    p.drawEllipse(38, 38, 24, 24)
+    p.end()
+    return QIcon(pix)
 
 
 class Tray(QSystemTrayIcon):
@@ -10,6 +29,8 @@ class Tray(QSystemTrayIcon):
 
     def __init__(self, bridge, window, icon, quit_app):
         super().__init__(icon)
+        self.base_icon = icon
+        self.state = "starting"
         self.bridge = bridge
         self.window = window
         menu = QMenu()
@@ -38,5 +59,7 @@ class Tray(QSystemTrayIcon):
         self.window.activateWindow()
 
     def on_state_changed(self, state: str) -> None:
+        self.state = state
+        self.setIcon(state_icon(self.base_icon, state))
         self.setToolTip(f"llamadesk: {state}" + (f" on {self.window.api_url()}" if self.window.api_url() else ""))
         self.pause_action.setText("Resume serving" if state == "paused" else "Pause serving")

@@ -171,6 +171,8 @@ def test_tray_actions(gui):
         return url, paused, state, health
     url, paused, state, health = gui.run_loop(pause_resume())
     assert url and paused is None and state == "paused" and health["status"] == "ok"
+    gui.bridge.on_tick()
+    assert tray.state == "serving" and "serving" in tray.toolTip()
     assert tray.pause_action.text() == "Pause serving"
 
 
