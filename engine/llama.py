@@ -179,34 +179,50 @@ def _check_gguf(path: Path) -> None:
         raise ModelLoadError(f"{path} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
 
 
-class BatchContext:
-    """A generation context with one KV sequence per stream, decoded one batch per tick."""
+class _Context:
+    """A llama.cpp context plus the batch it decodes; subclasses say what kind."""
 
-    def __init__(self, model: LlamaModel, n_seq: int, ctx_per_seq: int, n_batch: int, threads: int,
-                 kv_dtype: str):
+    def __init__(self, model: LlamaModel, what: str, *, n_ctx: int, n_batch: int, n_seq: int, threads: int,
+                 **fields) -> None:
         p = L.llama_context_default_params()
-        p.n_ctx = ctx_per_seq * n_seq
+        p.n_ctx = n_ctx
         p.n_batch = n_batch
         p.n_ubatch = n_batch
         p.n_seq_max = n_seq
         p.n_threads = threads
         p.n_threads_batch = threads
-        p.type_k = KV_TYPES[kv_dtype]
-        p.type_v = KV_TYPES[kv_dtype]
-        p.kv_unified = False  # each stream owns ctx_per_seq cells: one long stream cannot starve the rest
         p.no_perf = True
-        if kv_dtype != "f16":
-            p.flash_attn_type = 1  # a quantized V cache needs flash attention
+        for k, v in fields.items():
+            setattr(p, k, v)
         self.model = model
         self.ctx = L.llama_init_from_model(model.ptr, p)
         if not self.ctx:
-            raise ModelLoadError(f"cannot create a context for {model.path} (ctx {p.n_ctx}, {n_seq} streams): "
+            raise ModelLoadError(f"cannot create {what} for {model.path} (ctx {n_ctx}, {n_seq} sequences): "
                                  + ("; ".join(_recent_errors) or "out of memory?"))
         self.mem = L.llama_get_memory(self.ctx)
+        self.batch = L.llama_batch_init(n_batch, 0, n_seq)
+
+    def free(self) -> None:
+        """Release the context and its batch."""
+        if self.ctx:
+            L.llama_batch_free(self.batch)
+            L.llama_free(self.ctx)
+            self.ctx = None
+
+
+class BatchContext(_Context):
+    """A generation context with one KV sequence per stream, decoded one batch per tick."""
+
+    def __init__(self, model: LlamaModel, n_seq: int, ctx_per_seq: int, n_batch: int, threads: int,
+                 kv_dtype: str):
+        extra = {"flash_attn_type": 1} if kv_dtype != "f16" else {}  # a quantized V cache needs flash attention
+        # kv_unified off: each stream owns ctx_per_seq cells, so one long stream cannot starve the rest
+        super().__init__(model, "a context", n_ctx=ctx_per_seq * n_seq, n_batch=n_batch, n_seq=n_seq,
+                         threads=threads, type_k=KV_TYPES[kv_dtype], type_v=KV_TYPES[kv_dtype], kv_unified=False,
+                         **extra)
         self.n_batch = n_batch
         self.n_seq = n_seq
         self.n_vocab = model.n_vocab
-        self.batch = L.llama_batch_init(n_batch, 0, n_seq)
         b = self.batch
         self._tok = np.ctypeslib.as_array(b.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
@@ -254,38 +270,16 @@ class BatchContext:
         """Forget everything a sequence holds."""
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
-    def free(self) -> None:
-        """Release the context and its batch."""
-        if self.ctx:
-            L.llama_batch_free(self.batch)
-            L.llama_free(self.ctx)
-            self.ctx = None
-
-
-class EmbedContext:
+class EmbedContext(_Context):
     """A mean-pooling embedding context; several inputs go through one decode as separate sequences."""
 
     MAX_SEQS = 16
 
     def __init__(self, model: LlamaModel, threads: int, n_batch: int):
-        p = L.llama_context_default_params()
-        p.n_ctx = n_batch
-        p.n_batch = n_batch
-        p.n_ubatch = n_batch  # non-causal encoders need a whole input in one micro-batch
-        p.n_seq_max = self.MAX_SEQS
-        p.n_threads = threads
-        p.n_threads_batch = threads
-        p.embeddings = True
-        p.pooling_type = L.LLAMA_POOLING_TYPE_MEAN
-        p.kv_unified = True
-        p.no_perf = True
-        self.model = model
-        self.ctx = L.llama_init_from_model(model.ptr, p)
-        if not self.ctx:
-            raise ModelLoadError(f"cannot create an embedding context for {model.path}")
+        # n_ubatch = n_batch: non-causal encoders need a whole input in one micro-batch
+        super().__init__(model, "an embedding context", n_ctx=n_batch, n_batch=n_batch, n_seq=self.MAX_SEQS,
+                         threads=threads, embeddings=True, pooling_type=L.LLAMA_POOLING_TYPE_MEAN, kv_unified=True)
         self.n_batch = n_batch
-        self.mem = L.llama_get_memory(self.ctx)
-        self.batch = L.llama_batch_init(n_batch, 0, self.MAX_SEQS)
 
     def embed_group(self, inputs: list[list[int]]) -> list[np.ndarray]:
         """Mean-pooled, L2-normalised vectors of several token lists decoded in one batch."""
@@ -313,14 +307,6 @@ class EmbedContext:
             norm = float(np.linalg.norm(v))
             out.append(v / norm if norm > 0 else v)
         return out
-
-    def free(self) -> None:
-        """Release the context."""
-        if self.ctx:
-            L.llama_batch_free(self.batch)
-            L.llama_free(self.ctx)
-            self.ctx = None
-
 
 class SamplerChain:
     """A per-stream llama.cpp sampler chain, with a numpy fast path for plain greedy decoding."""

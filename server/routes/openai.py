@@ -63,6 +63,20 @@ async def _stream(request: web.Request, gen: Generation, opts: schemas.StreamOpt
     return resp
 
 
+def _body(gen: Generation, cid: str, obj: str, choice: dict) -> dict:
+    """The OpenAI envelope around one choice (a chunk or a whole response)."""
+    return {"id": cid, "object": obj, "created": gen.created, "model": gen.model, "system_fingerprint": None,
+            "choices": [{"index": 0, **choice, "logprobs": None}]}
+
+
+async def _collect(gen: Generation) -> str:
+    """The whole text of a buffered request; its stream is aborted if the client goes away."""
+    try:
+        return await gen.text()
+    finally:
+        gen.cancel()
+
+
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req, opts = schemas.chat_request(await schemas.read_json(request))
@@ -70,45 +84,29 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     cid = f"chatcmpl-{gen.id}"
     if opts.stream:
         def chunk(delta: dict, finish: str | None) -> dict:
-            return {"id": cid, "object": "chat.completion.chunk", "created": gen.created, "model": gen.model,
-                    "system_fingerprint": None,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            return _body(gen, cid, "chat.completion.chunk", {"delta": delta, "finish_reason": finish})
         return await _stream(request, gen, opts, chunk, lambda t: {} if t is None else {"content": t},
                              chunk({"role": "assistant", "content": ""}, None))
-    try:
-        text = await gen.text()
-    finally:
-        gen.cancel()
-    return web.json_response({
-        "id": cid, "object": "chat.completion", "created": gen.created, "model": gen.model,
-        "system_fingerprint": None,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                     "finish_reason": gen.finish_reason}],
-        "usage": _usage(gen)})
+    text = await _collect(gen)
+    message = {"role": "assistant", "content": text}
+    return web.json_response({**_body(gen, cid, "chat.completion", {"message": message,
+                                                                     "finish_reason": gen.finish_reason}),
+                              "usage": _usage(gen)})
 
 
 @routes.post("/v1/completions")
 async def completions(request: web.Request) -> web.StreamResponse:
     req, opts = schemas.completion_request(await schemas.read_json(request))
-    svc = request.app[SERVICE]
-    gen = await svc.complete(req)
+    gen = await request.app[SERVICE].complete(req)
     cid = f"cmpl-{gen.id}"
     prefix = req.prompt if req.echo and isinstance(req.prompt, str) else ""
     if opts.stream:
         def chunk(text: str, finish: str | None) -> dict:
-            return {"id": cid, "object": "text_completion", "created": gen.created, "model": gen.model,
-                    "system_fingerprint": None,
-                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+            return _body(gen, cid, "text_completion", {"text": text, "finish_reason": finish})
         return await _stream(request, gen, opts, chunk, lambda t: t or "", chunk(prefix, None) if prefix else None)
-    try:
-        text = await gen.text()
-    finally:
-        gen.cancel()
-    return web.json_response({
-        "id": cid, "object": "text_completion", "created": gen.created, "model": gen.model,
-        "system_fingerprint": None,
-        "choices": [{"index": 0, "text": prefix + text, "logprobs": None, "finish_reason": gen.finish_reason}],
-        "usage": _usage(gen)})
+    text = prefix + await _collect(gen)
+    return web.json_response({**_body(gen, cid, "text_completion", {"text": text, "finish_reason": gen.finish_reason}),
+                              "usage": _usage(gen)})
 
 
 @routes.post("/v1/embeddings")
