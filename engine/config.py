@@ -95,7 +95,8 @@ SCHEMA: tuple[Option, ...] = (
 )
 OPTIONS = {o.name: o for o in SCHEMA}
 MODEL_KEYS = {"name": str, "path": str, "default": bool, "ctx": int, "streams": int, "chunk": int,
-              "kv_dtype": str}
+              "kv_dtype": str, "chat_template": str, "tool_format": str}
+TOOL_FORMATS = ("hermes", "llama_json", "mistral", "harmony", "generic", "none")
 
 
 @dataclass
@@ -109,6 +110,8 @@ class ModelEntry:
     streams: int | None = None
     chunk: int | None = None
     kv_dtype: str | None = None
+    chat_template: str | None = None  # a Jinja file replacing the GGUF's template (llama-server's --chat-template-file)
+    tool_format: str | None = None  # override the detected tool-call format; "none" refuses tools
 
 
 @dataclass
@@ -206,6 +209,9 @@ def _parse_models(raw: Any, path: Path) -> list[ModelEntry]:
         for k, v in item.items():
             if k not in MODEL_KEYS:
                 raise ConfigError(f"unknown key '{k}' in [[models]] entry {i + 1}; allowed: {', '.join(MODEL_KEYS)}")
+            if k == "tool_format" and v not in TOOL_FORMATS:
+                raise ConfigError(f"invalid value for 'tool_format' in [[models]] entry {i + 1}: {v!r}; "
+                                  f"allowed: {', '.join(TOOL_FORMATS)}")
             if k in OPTIONS:
                 OPTIONS[k].parse(v, f"[[models]] {i + 1}")
             elif not isinstance(v, MODEL_KEYS[k]):

@@ -16,7 +16,7 @@ from pathlib import Path
 import llama_cpp as L
 import numpy as np
 
-from engine.errors import ModelLoadError
+from engine.errors import InvalidRequest, ModelLoadError
 
 log = logging.getLogger("llamadesk.llama")
 
@@ -101,6 +101,7 @@ class LlamaModel:
         self.eog_ids = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)) \
             if self.n_vocab <= 300_000 else frozenset({self.eos_id})
         self._pieces: list[bytes | None] = [None] * self.n_vocab
+        self._special_pieces: dict[int, bytes] = {}
         buf = ctypes.create_string_buffer(256)
         n = L.llama_model_desc(ptr, buf, 256)
         self.description = buf.value[:n].decode("utf-8", "replace")
@@ -129,8 +130,13 @@ class LlamaModel:
             n = L.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
         return list(arr[:n])
 
-    def piece(self, token: int) -> bytes:
-        """The bytes a token stands for (control tokens render as nothing)."""
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes a token stands for; control tokens render as nothing unless special."""
+        if special:
+            cached = self._special_pieces.get(token)
+            if cached is None:
+                cached = self._special_pieces[token] = self.token_text(token).encode("utf-8")
+            return cached
         cached = self._pieces[token]
         if cached is None:
             buf = ctypes.create_string_buffer(64)
@@ -308,20 +314,40 @@ class EmbedContext(_Context):
             out.append(v / norm if norm > 0 else v)
         return out
 
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log-probability and the `top` most likely tokens, from raw logits."""
+    m = float(logits.max())
+    lse = m + float(np.log(np.exp(logits - m).sum()))
+    best: list[tuple[int, float]] = []
+    if top > 0:
+        idx = np.argpartition(-logits, top)[:top]
+        idx = idx[np.argsort(-logits[idx])]
+        best = [(int(i), float(logits[i]) - lse) for i in idx]
+    return float(logits[token]) - lse, best
+
+
 class SamplerChain:
     """A per-stream llama.cpp sampler chain, with a numpy fast path for plain greedy decoding."""
 
     def __init__(self, model: LlamaModel, *, temperature: float, top_k: int, top_p: float, min_p: float,
                  repeat_penalty: float, presence_penalty: float, frequency_penalty: float, penalty_last_n: int,
-                 seed: int, logit_bias: dict[int, float]):
+                 seed: int, logit_bias: dict[int, float], grammar: str | None = None):
         penalties = repeat_penalty != 1.0 or presence_penalty != 0.0 or frequency_penalty != 0.0
-        self.greedy_fast = temperature <= 0 and not penalties
+        self.greedy_fast = temperature <= 0 and not penalties and not grammar
         self.bias_ids = np.array(list(logit_bias), dtype=np.int64)
         self.bias_vals = np.array(list(logit_bias.values()), dtype=np.float32)
         self.chain = None
         if self.greedy_fast:
             return  # the whole-vocabulary greedy chain costs 10x a numpy argmax (perf notes)
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if grammar:
+            _recent_errors.clear()
+            g = L.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+            if not g:
+                L.llama_sampler_free(chain)
+                raise InvalidRequest("the output grammar could not be parsed by llama.cpp: "
+                                     + ("; ".join(_recent_errors) or "invalid GBNF"))
+            L.llama_sampler_chain_add(chain, g)
         if logit_bias:
             arr = (L.llama_logit_bias * len(logit_bias))(*[L.llama_logit_bias(t, b) for t, b in logit_bias.items()])
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(model.n_vocab, len(logit_bias), arr))

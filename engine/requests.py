@@ -22,6 +22,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    grammar: str | None = None  # GBNF the output must match (response_format, forced tool calls)
+    logprobs: int | None = None  # None: off; n: the chosen token's logprob plus the n most likely
 
 
 @dataclass
@@ -33,6 +35,9 @@ class ChatRequest:
     sampling: SamplingParams
     truncation: str = "disabled"  # or "auto": drop the oldest turns until the prompt fits
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
+    parallel_tool_calls: bool = True
 
 
 @dataclass

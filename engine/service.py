@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import os
@@ -21,12 +22,12 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from engine import catalog as cat
-from engine import llama
+from engine import llama, tools
 from engine.chat import turns
 from engine.config import Config, ModelEntry, save_authoritative
 from engine.downloads import Downloader
 from engine.errors import (Conflict, ContextLengthExceeded, EngineError, EngineStopped, InvalidRequest,
-                           ModelLoadError, ModelNotFound, NoModelLoaded, QueueFull)
+                           ModelLoadError, ModelNotFound, NoModelLoaded, QueueFull, UnsupportedByModel)
 from engine.requests import ChatRequest, CompletionRequest, SamplingParams
 from engine.slot import Outbox, Slot, SlotSettings
 
@@ -48,6 +49,12 @@ class Generation:
         self._slot = slot
         self._stream = None
         self.prompt_tokens = 0
+        self.logprobs: list[dict] = []  # entries not yet taken (take_logprobs)
+        # how to read the output: tool-call wire format, whether tools are on, whether it may <think>
+        self.tool_format = slot.tool_format
+        self.tools_active = False
+        self.reasoning = False
+        self.in_reasoning = False
         self._pending: list[str] = []
         self._wake = asyncio.Event()
         self._ended = False
@@ -59,7 +66,10 @@ class Generation:
         """Take an event from the scheduler thread (runs on the event loop)."""
         kind = event[0]
         if kind == "delta":
-            self._pending.append(event[1])
+            if event[1]:
+                self._pending.append(event[1])
+            if len(event) > 2 and event[2]:
+                self.logprobs.append(event[2])
         elif kind == "end":
             self.finish_reason, self.usage = event[1], event[2]
             self._close()
@@ -86,6 +96,11 @@ class Generation:
                 raise self.error
             if self._ended:
                 return
+
+    def take_logprobs(self) -> list[dict]:
+        """The logprob entries of the tokens delivered since the last call."""
+        out, self.logprobs = self.logprobs, []
+        return out
 
     async def text(self) -> str:
         """The whole generated text (buffered mode)."""
@@ -199,7 +214,8 @@ class Service:
         c = self.config
         return SlotSettings(streams=entry.streams or c.streams, ctx=entry.ctx or c.ctx, chunk=entry.chunk or c.chunk,
                             kv_dtype=entry.kv_dtype or c.kv_dtype, threads=c.threads or llama.default_threads(),
-                            default_max_tokens=c.max_tokens, gpu=c.gpu)
+                            default_max_tokens=c.max_tokens, gpu=c.gpu, chat_template=entry.chat_template,
+                            tool_format=entry.tool_format)
 
     def load_models(self) -> None:
         """Load every roster entry (blocking; call before start(), or from a worker thread)."""
@@ -395,8 +411,25 @@ class Service:
     async def chat(self, req: ChatRequest) -> Generation:
         """Render, tokenize and queue a chat completion; iterate the result's chunks()."""
         slot = self.slot_for(req.model)
-        prompt = await asyncio.get_running_loop().run_in_executor(self._prep, self._chat_tokens, slot, req)
-        return self._submit(slot, prompt, req.sampling)
+        if req.tools and req.tool_choice != "none" and slot.tool_format == "none":
+            raise UnsupportedByModel(f"model '{slot.id}' is configured without tool calling (tool_format = "
+                                     "\"none\")", "tools")
+        plan = tools.plan_tools(slot.tool_format, req.messages, req.tools, req.tool_choice, req.parallel_tool_calls)
+        sampling = req.sampling
+        if plan.grammar:
+            if sampling.grammar:
+                raise InvalidRequest("response_format cannot be combined with a required or forced tool call",
+                                     "response_format")
+            sampling = dataclasses.replace(sampling, grammar=plan.grammar)
+        req = dataclasses.replace(req, messages=plan.messages,
+                                  template_kwargs={**req.template_kwargs, **plan.template_kwargs})
+        prompt, text = await asyncio.get_running_loop().run_in_executor(self._prep, self._chat_tokens, slot, req)
+        reasoning = slot.thinks and req.template_kwargs.get("enable_thinking") is not False
+        gen = self._submit(slot, prompt, sampling, render_special=plan.tools_active or reasoning)
+        gen.tools_active, gen.reasoning = plan.tools_active, reasoning
+        # templates that open <think> in the generation prompt: the reply starts inside the reasoning
+        gen.in_reasoning = reasoning and text.rstrip().endswith("<think>")
+        return gen
 
     async def complete(self, req: CompletionRequest) -> Generation:
         """Tokenize and queue a raw completion."""
@@ -413,7 +446,8 @@ class Service:
             raise InvalidRequest("the prompt is empty", "prompt")
         return self._submit(slot, prompt, req.sampling)
 
-    def _submit(self, slot: Slot, prompt: list[int], sampling: SamplingParams) -> Generation:
+    def _submit(self, slot: Slot, prompt: list[int], sampling: SamplingParams,
+                render_special: bool = False) -> Generation:
         if self._worker is None:
             raise EngineStopped("the engine is not running")
         if slot.outstanding >= slot.settings.streams + MAX_QUEUED:
@@ -421,7 +455,8 @@ class Service:
             raise QueueFull(f"model '{slot.id}' is busy: {slot.settings.streams} streams generating and "
                             f"{MAX_QUEUED} requests queued; retry later")
         gen = Generation(self, slot, f"{next(self._ids):x}{uuid.uuid4().hex[:12]}")
-        stream = slot.make_stream(gen.id, prompt, sampling, gen, explicit_max=sampling.max_tokens is not None)
+        stream = slot.make_stream(gen.id, prompt, sampling, gen, explicit_max=sampling.max_tokens is not None,
+                                  render_special=render_special)
         gen._stream = stream
         gen.prompt_tokens = len(prompt)
         slot.outstanding += 1
@@ -435,12 +470,13 @@ class Service:
         add_bos = m.add_bos and not (slot.template.bos and text.startswith(slot.template.bos))
         return m.tokenize(text, add_special=add_bos, parse_special=True)
 
-    def _chat_tokens(self, slot: Slot, req: ChatRequest) -> list[int]:
-        """The prompt tokens; with truncation 'auto', oldest user-led turns go until it fits."""
+    def _chat_tokens(self, slot: Slot, req: ChatRequest) -> tuple[list[int], str]:
+        """The prompt tokens and text; with truncation 'auto', oldest user-led turns go until it fits."""
         messages = req.messages
-        tokens = self._tokenize(slot, slot.template.render(messages, **req.template_kwargs))
+        text = slot.template.render(messages, **req.template_kwargs)
+        tokens = self._tokenize(slot, text)
         if req.truncation != "auto":
-            return tokens
+            return tokens, text
         sp = req.sampling
         need = sp.max_tokens or min(slot.settings.default_max_tokens, slot.ctx // 4)
         system, groups = turns(messages)
@@ -448,12 +484,13 @@ class Service:
             groups.pop(0)
             kept = system + [i for g in groups for i in g]
             messages = [req.messages[i] for i in kept]
-            tokens = self._tokenize(slot, slot.template.render(messages, **req.template_kwargs))
+            text = slot.template.render(messages, **req.template_kwargs)
+            tokens = self._tokenize(slot, text)
         if len(tokens) + need > slot.ctx:
             raise ContextLengthExceeded(
                 f"even with truncation the system prompt and latest turn take {len(tokens)} tokens, which with "
                 f"{need} for the completion exceeds the context of {slot.ctx}", "messages")
-        return tokens
+        return tokens, text
 
     # ---- embeddings ---------------------------------------------------------------------------
 

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from engine.chat import ChatTemplate
-from engine.errors import ContextLengthExceeded, EngineError, UnsupportedByModel
-from engine.llama import BatchContext, EmbedContext, LlamaModel, SamplerChain
+from engine import tools
+from engine.errors import ContextLengthExceeded, EngineError, ModelLoadError, UnsupportedByModel
+from engine.llama import BatchContext, EmbedContext, LlamaModel, SamplerChain, token_logprobs
 from engine.requests import SamplingParams
 from engine.scheduler import Scheduler, Stream, StreamState
 from engine.text import StopMatcher, Utf8Stream
@@ -59,6 +60,8 @@ class SlotSettings:
     threads: int
     default_max_tokens: int
     gpu: str = "auto"
+    chat_template: str | None = None  # a Jinja file that replaces the GGUF's template
+    tool_format: str | None = None  # None: detected from the template; "none": tools are refused
 
 
 @dataclass(eq=False)
@@ -76,6 +79,7 @@ class Job:
     ended_at: float | None = None
     tail: str = ""
     sent_text: bool = False
+    render_special: bool = False  # keep special tokens' text (tool-call and reasoning markers) for parsing
     finish_reason: str | None = None
     cancel_tick: int | None = None
     evict_ticks: int | None = None
@@ -138,8 +142,16 @@ class Slot:
         self.state = "loading"
         self.embedding_only = self.model.is_embedding_model
         self.ctx = min(settings.ctx, self.model.n_ctx_train) if self.model.n_ctx_train > 0 else settings.ctx
-        self.template = ChatTemplate(self.model.chat_template, self.model.token_text(self.model.bos_id),
+        source = self.model.chat_template
+        if settings.chat_template:
+            try:
+                source = Path(settings.chat_template).expanduser().read_text(encoding="utf-8")
+            except OSError as e:
+                raise ModelLoadError(f"cannot read chat_template {settings.chat_template}: {e.strerror}") from None
+        self.template = ChatTemplate(source, self.model.token_text(self.model.bos_id),
                                      self.model.token_text(self.model.eos_id))
+        self.tool_format = settings.tool_format or tools.detect_format(self.template.source)
+        self.thinks = tools.thinks(self.template.source)
         self.bctx: BatchContext | None = None
         if not self.embedding_only:
             n_batch = settings.chunk + settings.streams
@@ -161,7 +173,12 @@ class Slot:
         sched = self.scheduler
         while self.inbox:
             s = self.inbox.popleft()
-            self.build_sampler(s)
+            try:
+                self.build_sampler(s)
+            except EngineError as e:  # e.g. a grammar llama.cpp refuses
+                sched.add(s)
+                self._end(s, "error", out, error=e)
+                continue
             sched.add(s)
         for s in [*sched.waiting, *sched.running]:
             if s.cancelled:
@@ -213,18 +230,22 @@ class Slot:
                 sched.start_decoding(s)
                 s.job.first_token_at = now
                 self.stats.ttft_ms.append((now - s.job.submitted) * 1000.0)
-            self._on_token(s, tok, out)
+            self._on_token(s, tok, out, r)
         return True
 
-    def _on_token(self, s: Stream, tok: int, out: Outbox) -> None:
+    def _on_token(self, s: Stream, tok: int, out: Outbox, row: int) -> None:
         job = s.job
         if tok in self.model.eog_ids and not job.sampling.ignore_eos:
             self._end(s, "stop", out)
             return
         s.generated.append(tok)
-        text, hit = job.stops.push(job.utf8.push(self.model.piece(tok)))
-        if text:
-            out.add(job.sink, ("delta", text), urgent=not job.sent_text)
+        piece = self.model.piece(tok, job.render_special)
+        lp = None
+        if job.sampling.logprobs is not None:
+            lp = self._logprob_entry(tok, piece, row, job.sampling.logprobs, job.render_special)
+        text, hit = job.stops.push(job.utf8.push(piece))
+        if text or lp:
+            out.add(job.sink, ("delta", text, lp), urgent=not job.sent_text)
             job.sent_text = True
             job.tail = (job.tail + text)[-TAIL_CHARS:]
         if hit:
@@ -233,6 +254,16 @@ class Slot:
             self._end(s, "length", out)
         elif s.num_cached_tokens + 1 >= self.ctx:
             self._end(s, "length", out)
+
+    def _logprob_entry(self, tok: int, piece: bytes, row: int, top: int, special: bool) -> dict[str, Any]:
+        """OpenAI's logprobs entry for one sampled token, from the raw logits of its row."""
+        lp, best = token_logprobs(self.bctx.logits(row), tok, top)
+
+        def one(t: int, p: float, b: bytes) -> dict[str, Any]:
+            return {"token": b.decode("utf-8", "replace"), "logprob": p, "bytes": list(b)}
+        entry = one(tok, lp, piece)
+        entry["top_logprobs"] = [one(t, p, self.model.piece(t, special)) for t, p in best]
+        return entry
 
     def _end(self, s: Stream, reason: str, out: Outbox, flush: bool = True, error: EngineError | None = None) -> None:
         job = s.job
@@ -256,7 +287,7 @@ class Slot:
     # ---- admission (event loop) -------------------------------------------------------------
 
     def make_stream(self, stream_id: str, prompt: list[int], sampling: SamplingParams, sink: Any,
-                    explicit_max: bool) -> Stream:
+                    explicit_max: bool, render_special: bool = False) -> Stream:
         """Check a prompt against the context and wrap it as a stream (raises ContextLengthExceeded)."""
         if self.embedding_only:
             raise UnsupportedByModel(f"model '{self.id}' is an embedding model: it serves /v1/embeddings only",
@@ -272,7 +303,8 @@ class Slot:
             raise ContextLengthExceeded(
                 f"this model's context is {self.ctx} tokens per stream, but {n + wanted} were requested "
                 f"({n} in the prompt, {wanted} for the completion)", "max_tokens")
-        job = Job(sink=sink, sampling=sampling, max_tokens=min(wanted, room), stops=StopMatcher(sampling.stop))
+        job = Job(sink=sink, sampling=sampling, max_tokens=min(wanted, room), stops=StopMatcher(sampling.stop),
+                  render_special=render_special)
         return Stream(id=stream_id, prompt=prompt, job=job)
 
     def build_sampler(self, stream: Stream) -> None:
@@ -285,7 +317,8 @@ class Slot:
         stream.job.sampler = SamplerChain(
             self.model, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
             repeat_penalty=sp.repeat_penalty, presence_penalty=sp.presence_penalty,
-            frequency_penalty=sp.frequency_penalty, penalty_last_n=sp.penalty_last_n, seed=seed, logit_bias=bias)
+            frequency_penalty=sp.frequency_penalty, penalty_last_n=sp.penalty_last_n, seed=seed, logit_bias=bias,
+            grammar=sp.grammar)
 
     # ---- embeddings (scheduler thread) ------------------------------------------------------
 

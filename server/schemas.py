@@ -14,13 +14,14 @@ from aiohttp import web
 from engine.chat import ROLES
 from engine.errors import InvalidRequest
 from engine.requests import ChatRequest, CompletionRequest, SamplingParams
+from engine.tools import schema_grammar
 
 log = logging.getLogger("llamadesk.server")
 _ignored_logged: set[str] = set()
 
 # Accepted for compatibility but without effect here; never an error.
 _HARMLESS = {"user", "store", "metadata", "service_tier", "prediction", "modalities", "suffix", "best_of",
-             "parallel_tool_calls", "reasoning_effort", "dimensions"}
+             "reasoning_effort", "dimensions"}
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
@@ -89,6 +90,9 @@ class StreamOptions:
 
     stream: bool
     include_usage: bool
+    n: int = 1  # choices, generated as parallel streams
+    parallel_tool_calls: bool = True
+    logprobs: bool = False
 
 
 def _sampling(f: Fields) -> SamplingParams:
@@ -113,9 +117,6 @@ def _sampling(f: Fields) -> SamplingParams:
             raise InvalidRequest(f"'logit_bias' values must be numbers between -100 and 100, got {v!r}",
                                  "logit_bias")
         bias[tok] = float(v)
-    n = f.get("n", int, 1, lo=1)
-    if n != 1:
-        raise InvalidRequest("'n' other than 1 is not supported yet", "n")
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=f.get("temperature", float, 1.0, lo=0, hi=2),
@@ -138,16 +139,28 @@ def _stream_options(f: Fields) -> StreamOptions:
     include_usage = opts.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise InvalidRequest("'stream_options.include_usage' must be a boolean", "stream_options")
-    return StreamOptions(stream, include_usage)
+    return StreamOptions(stream, include_usage, n=f.get("n", int, 1, lo=1, hi=8))
 
 
-def _unsupported(f: Fields) -> None:
-    if f.get("logprobs", (bool, int), False) not in (False, None, 0):
-        raise InvalidRequest("'logprobs' is not supported yet", "logprobs")
+def _response_format(f: Fields) -> str | None:
+    """The grammar a response_format asks for (None for plain text)."""
     rf = f.get("response_format", dict)
-    if rf is not None and rf.get("type", "text") != "text":
-        raise InvalidRequest(f"response_format type '{rf.get('type')}' is not supported yet", "response_format")
-    f.get("top_logprobs", int)
+    kind = (rf or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        # any JSON object; built by the schema converter, whose numbers have bounded digits (a small model
+        # under llama-cpp-python's plain JSON grammar can write "11.1111…" until max_tokens)
+        return schema_grammar({"type": "object"})
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        schema = js.get("schema") if isinstance(js, dict) else None
+        if not isinstance(schema, dict):
+            raise InvalidRequest("response_format json_schema needs {\"json_schema\": {\"name\", \"schema\": {...}}}",
+                                 "response_format")
+        return schema_grammar(schema)
+    raise InvalidRequest(f"response_format type must be text, json_object or json_schema, got {kind!r}",
+                         "response_format")
 
 
 def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
@@ -172,7 +185,13 @@ def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
             raise InvalidRequest(f"messages[{i}].content parts must be objects", "messages")
     sampling = _sampling(f)
     opts = _stream_options(f)
-    _unsupported(f)
+    sampling.grammar = _response_format(f)
+    if f.get("logprobs", bool, False):
+        opts.logprobs = True
+        sampling.logprobs = f.get("top_logprobs", int, 0, lo=0, hi=20)
+    else:
+        f.get("top_logprobs", int)
+    opts.parallel_tool_calls = f.get("parallel_tool_calls", bool, True)
     truncation = f.get("truncation", str, "disabled")
     if truncation not in ("auto", "disabled"):
         raise InvalidRequest("'truncation' must be 'auto' or 'disabled'", "truncation")
@@ -180,10 +199,11 @@ def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
     thinking = f.get("enable_thinking", bool)
     if thinking is not None:
         kwargs["enable_thinking"] = thinking
-    f.get("tools", list)
-    f.get("tool_choice", (str, dict))
+    tools = f.get("tools", list)
+    tool_choice = f.get("tool_choice", (str, dict))
     f.log_ignored()
-    return ChatRequest(model, messages, sampling, truncation, kwargs), opts
+    return ChatRequest(model, messages, sampling, truncation, kwargs, tools=tools, tool_choice=tool_choice,
+                       parallel_tool_calls=opts.parallel_tool_calls), opts
 
 
 def completion_request(body: dict[str, Any]) -> tuple[CompletionRequest, StreamOptions]:
@@ -201,7 +221,10 @@ def completion_request(body: dict[str, Any]) -> tuple[CompletionRequest, StreamO
                                  "several prompts in one request are not supported yet", "prompt")
     sampling = _sampling(f)
     opts = _stream_options(f)
-    _unsupported(f)
+    top = f.get("logprobs", int, None, lo=0, hi=5)
+    if top is not None:
+        opts.logprobs = True
+        sampling.logprobs = top
     echo = f.get("echo", bool, False)
     f.log_ignored()
     return CompletionRequest(model, prompt, sampling, echo), opts

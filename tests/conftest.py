@@ -11,6 +11,7 @@ import pytest
 from tests.assets.prepare import default_dest, prepare
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+TEMPLATES = Path(__file__).resolve().parent / "assets" / "templates"
 
 
 @pytest.fixture(scope="session")
@@ -93,7 +94,8 @@ class LiveServer:
 
 @pytest.fixture(scope="session")
 def smol_server(assets, tmp_path_factory) -> LiveServer:
-    """SmolLM2-135M (default) and all-MiniLM-L6-v2 in one roster, 4 streams."""
+    """SmolLM2-135M (default; also served with a hermes and a thinking chat template written for the tests)
+    and all-MiniLM-L6-v2 in one roster."""
     toml = f"""
 [[models]]
 name = "smollm2"
@@ -104,6 +106,20 @@ ctx = 2048
 [[models]]
 name = "minilm"
 path = "{assets['minilm']}"
+
+[[models]]
+name = "smollm2-hermes"
+path = "{assets['smollm2']}"
+chat_template = "{TEMPLATES / 'hermes.jinja'}"
+streams = 2
+ctx = 2048
+
+[[models]]
+name = "smollm2-think"
+path = "{assets['smollm2']}"
+chat_template = "{TEMPLATES / 'chatml_think.jinja'}"
+streams = 2
+ctx = 2048
 """
     srv = LiveServer(["--streams", "4"], toml, tmp_path_factory.mktemp("smol"))
     yield srv

@@ -1,14 +1,18 @@
 """OpenAI routes: models, chat completions, completions, embeddings."""
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import time
+from typing import Any, AsyncIterator
 
 import numpy as np
 from aiohttp import web
 
 from engine.errors import EngineError, ModelNotFound
 from engine.service import Generation
+from engine.tools import Event, OutputParser
 from server import schemas, sse
 from server.errors import sse_error_event
 from server.keys import SERVICE
@@ -30,84 +34,255 @@ async def get_model(request: web.Request) -> web.Response:
     raise ModelNotFound(f"The model '{mid}' does not exist", "model")
 
 
-def _usage(gen: Generation) -> dict:
-    u = gen.usage
-    return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"],
-            "total_tokens": u["prompt_tokens"] + u["completion_tokens"],
+def _usage(gens: list[Generation]) -> dict:
+    """Usage of n choices: the prompt counted once, the completions summed."""
+    u = gens[0].usage
+    completion = sum(g.usage["completion_tokens"] for g in gens)
+    return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": completion,
+            "total_tokens": u["prompt_tokens"] + completion,
             "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]}}
 
 
-async def _stream(request: web.Request, gen: Generation, opts: schemas.StreamOptions, chunk, wrap,
-                  first: dict | None) -> web.StreamResponse:
-    """Send gen as SSE. chunk(payload, finish_reason) builds an event object, wrap(text) the
-    payload that carries text (a chat delta or a completion's text); first, if any, leads."""
-    resp = await sse.open_stream(request)
-    delta = sse.TextEvent(chunk(wrap(sse.MARK), None))
-    try:
-        if first is not None:
-            await resp.write(sse.event(first))
-        async for text in gen.chunks():
-            await resp.write(delta.render(text))
-        await resp.write(sse.event(chunk(wrap(None), gen.finish_reason)))
-        if opts.include_usage:
-            last = chunk(wrap(None), None)
-            last["choices"] = []
-            last["usage"] = _usage(gen)
-            await resp.write(sse.event(last))
-    except EngineError as e:
-        await resp.write(sse_error_event(e))
-    finally:
-        gen.cancel()  # no-op when finished; evicts the stream when the client went away
-    await resp.write(sse.DONE)
-    await resp.write_eof()
-    return resp
-
-
-def _body(gen: Generation, cid: str, obj: str, choice: dict) -> dict:
-    """The OpenAI envelope around one choice (a chunk or a whole response)."""
+def _envelope(gen: Generation, cid: str, obj: str, choices: list[dict]) -> dict:
     return {"id": cid, "object": obj, "created": gen.created, "model": gen.model, "system_fingerprint": None,
-            "choices": [{"index": 0, **choice, "logprobs": None}]}
+            "choices": choices}
 
 
-async def _collect(gen: Generation) -> str:
-    """The whole text of a buffered request; its stream is aborted if the client goes away."""
+async def _start(request: web.Request, submit, n: int, seed: int | None) -> list[Generation]:
+    """Submit n generations (seeds seed, seed+1, ... when a seed is given)."""
+    gens: list[Generation] = []
     try:
-        return await gen.text()
+        for i in range(n):
+            gens.append(await submit(i if seed is None else seed + i))
+    except BaseException:
+        for g in gens:
+            g.cancel()
+        raise
+    return gens
+
+
+async def _fan_in(gens: list[Generation]) -> AsyncIterator[tuple[int, str | None]]:
+    """(choice index, text) as each generation delivers; (index, None) when one ends."""
+    if len(gens) == 1:
+        async for text in gens[0].chunks():
+            yield 0, text
+        yield 0, None
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, g: Generation) -> None:
+        try:
+            async for text in g.chunks():
+                queue.put_nowait((i, text, None))
+            queue.put_nowait((i, None, None))
+        except EngineError as e:
+            queue.put_nowait((i, None, e))
+    tasks = [asyncio.create_task(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        ended = 0
+        while ended < len(gens):
+            i, text, err = await queue.get()
+            if err is not None:
+                raise err
+            ended += text is None
+            yield i, text
     finally:
-        gen.cancel()
+        for t in tasks:
+            t.cancel()
+
+
+async def _gather_texts(gens: list[Generation]) -> list[str]:
+    texts = [""] * len(gens)
+    async for i, text in _fan_in(gens):
+        if text:
+            texts[i] += text
+    return texts
+
+
+def _cancel_all(gens: list[Generation]) -> None:
+    for g in gens:
+        g.cancel()  # no-op when finished; evicts the stream when the client went away
+
+
+# ---- chat ----------------------------------------------------------------------------------------
+
+class _ChatChoice:
+    """Turns one generation's text into message fields (content, reasoning, tool calls)."""
+
+    def __init__(self, gen: Generation, parallel_tool_calls: bool):
+        self.gen = gen
+        self.parallel = parallel_tool_calls
+        self.parser = OutputParser(gen.tool_format, gen.tools_active, gen.reasoning, gen.in_reasoning) \
+            if gen.tools_active or gen.reasoning else None
+        self.calls = 0
+
+    def deltas(self, text: str | None) -> list[dict]:
+        """Chat deltas for new text (None: the generation ended)."""
+        if self.parser is None:
+            return [{"content": text}] if text else []
+        events = self.parser.feed(text) if text is not None else self.parser.finish()
+        return [d for d in (self._delta(e) for e in events) if d]
+
+    def _delta(self, e: Event) -> dict | None:
+        if e.kind == "content":
+            return {"content": e.text}
+        if e.kind == "reasoning":
+            return {"reasoning_content": e.text}
+        if self.calls and not self.parallel:
+            return None  # parallel_tool_calls=false: the first call only
+        c = e.call
+        d = {"tool_calls": [{"index": self.calls, "id": c["id"], "type": "function",
+                             "function": {"name": c["name"], "arguments": c["arguments"]}}]}
+        self.calls += 1
+        return d
+
+    @property
+    def finish_reason(self) -> str:
+        return "tool_calls" if self.calls else self.gen.finish_reason
+
+    def message(self, text: str) -> dict:
+        """The whole assistant message of a buffered reply."""
+        content, reasoning, calls = "", "", []
+        for d in self.deltas(text) + self.deltas(None):
+            content += d.get("content", "")
+            reasoning += d.get("reasoning_content", "")
+            calls += [{k: v for k, v in c.items() if k != "index"} for c in d.get("tool_calls", [])]
+        msg: dict[str, Any] = {"role": "assistant", "content": content if content.strip() or not calls else None}
+        if reasoning:
+            msg["reasoning_content"] = reasoning
+        if calls:
+            msg["tool_calls"] = calls
+        return msg
 
 
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req, opts = schemas.chat_request(await schemas.read_json(request))
-    gen = await request.app[SERVICE].chat(req)
-    cid = f"chatcmpl-{gen.id}"
+    svc = request.app[SERVICE]
+
+    def submit(seed: int | None):
+        return svc.chat(dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, seed=seed)))
+    gens = await _start(request, submit, opts.n, req.sampling.seed)
+    cid = f"chatcmpl-{gens[0].id}"
+    choices = [_ChatChoice(g, opts.parallel_tool_calls) for g in gens]
     if opts.stream:
-        def chunk(delta: dict, finish: str | None) -> dict:
-            return _body(gen, cid, "chat.completion.chunk", {"delta": delta, "finish_reason": finish})
-        return await _stream(request, gen, opts, chunk, lambda t: {} if t is None else {"content": t},
-                             chunk({"role": "assistant", "content": ""}, None))
-    text = await _collect(gen)
-    message = {"role": "assistant", "content": text}
-    return web.json_response({**_body(gen, cid, "chat.completion", {"message": message,
-                                                                     "finish_reason": gen.finish_reason}),
-                              "usage": _usage(gen)})
+        return await _chat_stream(request, gens, choices, opts, cid)
+    try:
+        texts = await _gather_texts(gens)
+    finally:
+        _cancel_all(gens)
+    out = [{"index": i, "message": c.message(t), "finish_reason": c.finish_reason,
+            "logprobs": {"content": g.take_logprobs(), "refusal": None} if opts.logprobs else None}
+           for i, (c, g, t) in enumerate(zip(choices, gens, texts))]
+    return web.json_response({**_envelope(gens[0], cid, "chat.completion", out), "usage": _usage(gens)})
+
+
+async def _chat_stream(request: web.Request, gens: list[Generation], choices: list[_ChatChoice],
+                       opts: schemas.StreamOptions, cid: str) -> web.StreamResponse:
+    def chunk(i: int, delta: dict, finish: str | None = None, logprobs: list | None = None) -> dict:
+        lp = {"content": logprobs, "refusal": None} if logprobs else None
+        return _envelope(gens[0], cid, "chat.completion.chunk",
+                         [{"index": i, "delta": delta, "logprobs": lp, "finish_reason": finish}])
+    # Plain text (the common case) goes out through a pre-rendered template: one json.dumps per chunk.
+    plain = sse.TextEvent(chunk(0, {"content": sse.MARK})) \
+        if len(gens) == 1 and choices[0].parser is None and not opts.logprobs else None
+    resp = await sse.open_stream(request)
+    try:
+        for i in range(len(gens)):
+            await resp.write(sse.event(chunk(i, {"role": "assistant", "content": ""})))
+        async for i, text in _fan_in(gens):
+            if plain is not None and text:
+                await resp.write(plain.render(text))
+                continue
+            lps = gens[i].take_logprobs() if opts.logprobs else None
+            deltas = choices[i].deltas(text)
+            for k, d in enumerate(deltas):
+                await resp.write(sse.event(chunk(i, d, logprobs=lps if k == 0 else None)))
+            if lps and not deltas:
+                await resp.write(sse.event(chunk(i, {}, logprobs=lps)))
+            if text is None:
+                await resp.write(sse.event(chunk(i, {}, choices[i].finish_reason)))
+        if opts.include_usage:
+            await resp.write(sse.event({**_envelope(gens[0], cid, "chat.completion.chunk", []),
+                                        "usage": _usage(gens)}))
+    except EngineError as e:
+        await resp.write(sse_error_event(e))
+    finally:
+        _cancel_all(gens)
+    await resp.write(sse.DONE)
+    await resp.write_eof()
+    return resp
+
+
+# ---- completions ---------------------------------------------------------------------------------
+
+def _completion_logprobs(entries: list[dict], offset: int) -> dict:
+    """Legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens, lps, tops, offsets = [], [], [], []
+    for e in entries:
+        tokens.append(e["token"])
+        lps.append(e["logprob"])
+        tops.append({t["token"]: t["logprob"] for t in e["top_logprobs"]})
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
 @routes.post("/v1/completions")
 async def completions(request: web.Request) -> web.StreamResponse:
     req, opts = schemas.completion_request(await schemas.read_json(request))
-    gen = await request.app[SERVICE].complete(req)
-    cid = f"cmpl-{gen.id}"
+    svc = request.app[SERVICE]
+
+    def submit(seed: int | None):
+        return svc.complete(dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, seed=seed)))
+    gens = await _start(request, submit, opts.n, req.sampling.seed)
+    cid = f"cmpl-{gens[0].id}"
     prefix = req.prompt if req.echo and isinstance(req.prompt, str) else ""
     if opts.stream:
-        def chunk(text: str, finish: str | None) -> dict:
-            return _body(gen, cid, "text_completion", {"text": text, "finish_reason": finish})
-        return await _stream(request, gen, opts, chunk, lambda t: t or "", chunk(prefix, None) if prefix else None)
-    text = prefix + await _collect(gen)
-    return web.json_response({**_body(gen, cid, "text_completion", {"text": text, "finish_reason": gen.finish_reason}),
-                              "usage": _usage(gen)})
+        return await _completion_stream(request, gens, opts, cid, prefix)
+    try:
+        texts = await _gather_texts(gens)
+    finally:
+        _cancel_all(gens)
+    out = [{"index": i, "text": prefix + t, "finish_reason": g.finish_reason,
+            "logprobs": _completion_logprobs(g.take_logprobs(), len(prefix)) if opts.logprobs else None}
+           for i, (g, t) in enumerate(zip(gens, texts))]
+    return web.json_response({**_envelope(gens[0], cid, "text_completion", out), "usage": _usage(gens)})
 
+
+async def _completion_stream(request: web.Request, gens: list[Generation], opts: schemas.StreamOptions, cid: str,
+                             prefix: str) -> web.StreamResponse:
+    def chunk(i: int, text: str, finish: str | None = None, logprobs: dict | None = None) -> dict:
+        return _envelope(gens[0], cid, "text_completion",
+                         [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}])
+    plain = sse.TextEvent(chunk(0, sse.MARK)) if len(gens) == 1 and not opts.logprobs else None
+    offsets = [len(prefix)] * len(gens)
+    resp = await sse.open_stream(request)
+    try:
+        if prefix:
+            for i in range(len(gens)):
+                await resp.write(sse.event(chunk(i, prefix)))
+        async for i, text in _fan_in(gens):
+            if text is None:
+                await resp.write(sse.event(chunk(i, "", gens[i].finish_reason)))
+            elif plain is not None:
+                await resp.write(plain.render(text))
+            else:
+                lp = _completion_logprobs(gens[i].take_logprobs(), offsets[i]) if opts.logprobs else None
+                offsets[i] += len(text)
+                await resp.write(sse.event(chunk(i, text, logprobs=lp)))
+        if opts.include_usage:
+            await resp.write(sse.event({**_envelope(gens[0], cid, "text_completion", []), "usage": _usage(gens)}))
+    except EngineError as e:
+        await resp.write(sse_error_event(e))
+    finally:
+        _cancel_all(gens)
+    await resp.write(sse.DONE)
+    await resp.write_eof()
+    return resp
+
+
+# ---- embeddings ----------------------------------------------------------------------------------
 
 @routes.post("/v1/embeddings")
 async def embeddings(request: web.Request) -> web.Response:

@@ -60,7 +60,7 @@ def test_async_client_drives_every_text_route(smol_server):
         emb = await client.embeddings.create(model="minilm", input="hello world")
         assert len(emb.data[0].embedding) == 384
         stats = await client.get("/stats", cast_to=object)  # llamadesk's own routes through the same client
-        assert stats["gen_tokens"] > 0 and {m["id"] for m in stats["models"]} == {"smollm2", "minilm"}
+        assert stats["gen_tokens"] > 0 and {"smollm2", "minilm"} <= {m["id"] for m in stats["models"]}
         streams = await client.get("/streams", cast_to=object)
         assert all(s["state"] == "done" for s in streams["streams"])
         await client.close()

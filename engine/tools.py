@@ -1,0 +1,380 @@
+"""Tool calling and reasoning: wire formats per model family, their parsers (buffered and
+streaming, one implementation), and the grammars that make a forced call valid.
+
+Formats (detected from the chat template): hermes (`<tool_call>{json}</tool_call>`, Qwen2.5/3),
+llama_json (Llama 3.x: a bare `{"name", "parameters"}` object, maybe after `<|python_tag|>`),
+mistral (`[TOOL_CALLS][{...}]`), harmony (gpt-oss channels), and generic — for templates with
+no tool format (SmolLM2's ChatML, TinyLlama's zephyr, Gemma): tools are described in the system
+prompt and the reply is a JSON object `{"tool_calls": [...]}` or `{"response": "..."}`.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+from engine.errors import InvalidRequest
+
+FORMATS = ("hermes", "llama_json", "mistral", "harmony", "generic")
+
+
+def detect_format(template: str) -> str:
+    """The tool-call wire format a chat template speaks ('generic' when it has none)."""
+    if "<tool_call>" in template:
+        return "hermes"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<|channel|>" in template:
+        return "harmony"
+    if "<|python_tag|>" in template or ("ipython" in template and "<|eot_id|>" in template):
+        return "llama_json"
+    return "generic"
+
+
+def thinks(template: str) -> bool:
+    """Whether the template marks reasoning with <think>...</think>."""
+    return "<think>" in template
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+# ---- parsing ---------------------------------------------------------------------------------
+
+@dataclass
+class Event:
+    """A piece of parsed output: content text, reasoning text, or one complete tool call."""
+
+    kind: str  # content | reasoning | tool_call
+    text: str = ""
+    call: dict[str, Any] | None = None  # {"id", "name", "arguments" (a JSON string)}
+
+
+def _call(name: Any, arguments: Any) -> dict[str, Any] | None:
+    if not isinstance(name, str) or not name:
+        return None
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return None
+    return {"id": new_call_id(), "name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
+
+
+def _json_calls(text: str, args_key: str = "arguments") -> list[dict] | None:
+    """Calls from a JSON object or array of {"name", args_key}; None if text is not exactly that."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    items = doc if isinstance(doc, list) else [doc]
+    calls = []
+    for it in items:
+        if not isinstance(it, dict):
+            return None
+        c = _call(it.get("name"), it.get(args_key, it.get("arguments", it.get("parameters"))))
+        if c is None:
+            return None
+        calls.append(c)
+    return calls or None
+
+
+class OutputParser:
+    """Splits generated text into content, reasoning and tool calls, chunk by chunk.
+
+    Feeding the text in any split (down to single characters) gives the same events as feeding
+    it whole; text that might be the start of a marker is held back until it is decided. A call
+    that does not parse comes back as content, never as an error.
+    """
+
+    def __init__(self, fmt: str, tools: bool, reasoning: bool, in_reasoning: bool = False):
+        self.fmt = fmt
+        self.tools = tools
+        self.tags: dict[str, tuple[str, str]] = {}  # opener -> (closer, kind)
+        if reasoning:
+            self.tags["<think>"] = ("</think>", "reasoning")
+        if tools and fmt == "hermes":
+            self.tags["<tool_call>"] = ("</tool_call>", "tool")
+        # formats whose call is the whole reply: decided by how the reply starts
+        self.prefixes = {"llama_json": ("<|python_tag|>", "{"), "mistral": ("[TOOL_CALLS]",),
+                         "generic": ("{",)}.get(fmt, ()) if tools else ()
+        self.whole = fmt == "harmony" or (fmt == "generic" and tools)
+        self.buf = ""
+        self.mode: str | None = "<think>" if reasoning and in_reasoning else None  # the open tag, if inside one
+        self.decided = not self.prefixes and not self.whole
+        self.buffer_all = self.whole
+
+    def feed(self, text: str) -> list[Event]:
+        self.buf += text
+        if not self.decided:
+            head = self.buf.lstrip()
+            if not head:
+                return []
+            if any(p.startswith(head) or head.startswith(p) for p in self.prefixes):
+                if any(head.startswith(p) for p in self.prefixes):
+                    self.decided = self.buffer_all = True
+                return []  # still could be a call
+            self.decided = True
+        if self.buffer_all:
+            return []
+        return self._scan(final=False)
+
+    def finish(self) -> list[Event]:
+        if self.buffer_all:
+            return self._whole(self.buf)
+        self.decided = True
+        return self._scan(final=True)
+
+    def _scan(self, final: bool) -> list[Event]:
+        out: list[Event] = []
+        while True:
+            if self.mode is None:
+                hits = [(self.buf.find(o), o) for o in self.tags if o in self.buf]
+                if hits:
+                    i, opener = min(hits)
+                    if i:
+                        out.append(Event("content", self.buf[:i]))
+                    self.buf = self.buf[i + len(opener):]
+                    self.mode = opener
+                    continue
+                keep = 0 if final else _partial_suffix(self.buf, self.tags)
+                emit, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
+                if emit:
+                    out.append(Event("content", emit))
+                return _merge(out)
+            closer, kind = self.tags[self.mode]
+            j = self.buf.find(closer)
+            if j >= 0:
+                inner, self.buf = self.buf[:j], self.buf[j + len(closer):]
+                out += self._closed(self.mode, kind, inner)
+                self.mode = None
+                continue
+            if kind == "reasoning":  # reasoning streams as it comes
+                keep = 0 if final else _partial_suffix(self.buf, {closer: None})
+                emit, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
+                if emit:
+                    out.append(Event("reasoning", emit))
+                if final:
+                    self.mode = None
+            elif final:  # an unclosed call: give it back as text
+                out.append(Event("content", self.mode + self.buf))
+                self.buf, self.mode = "", None
+            return _merge(out)
+
+    def _closed(self, opener: str, kind: str, inner: str) -> list[Event]:
+        if kind == "reasoning":
+            return [Event("reasoning", inner)] if inner else []
+        calls = _json_calls(inner.strip())
+        if calls:
+            return [Event("tool_call", call=c) for c in calls]
+        return [Event("content", opener + inner + self.tags[opener][0])]
+
+    def _whole(self, text: str) -> list[Event]:
+        if self.fmt == "harmony":
+            return parse_harmony(text)
+        stripped = text.strip()
+        if self.fmt == "generic":
+            try:
+                doc = json.loads(stripped)
+            except json.JSONDecodeError:
+                return [Event("content", text)] if text else []
+            if isinstance(doc, dict) and isinstance(doc.get("response"), str):
+                return [Event("content", doc["response"])]
+            calls = _json_calls(json.dumps(doc.get("tool_calls"))) if isinstance(doc, dict) else None
+            return [Event("tool_call", call=c) for c in calls] if calls else [Event("content", text)]
+        if self.fmt == "llama_json":
+            body = stripped.removeprefix("<|python_tag|>").strip()
+            parts = [p for p in (s.strip() for s in body.split(";")) if p] if body else []
+            calls = [c for p in parts for c in (_json_calls(p, "parameters") or [None])]
+            if calls and all(calls):
+                return [Event("tool_call", call=c) for c in calls]
+            return [Event("content", text)]
+        if self.fmt == "mistral":
+            body = stripped.removeprefix("[TOOL_CALLS]").strip()
+            calls = _json_calls(body)
+            if calls is None and "[ARGS]" in body:  # newer layout: name[ARGS]{json}
+                name, _, args = body.partition("[ARGS]")
+                c = _call(name.strip(), args.strip())
+                calls = [c] if c else None
+            return [Event("tool_call", call=c) for c in calls] if calls else [Event("content", text)]
+        return [Event("content", text)] if text else []
+
+
+_HARMONY_MSG = re.compile(r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)(?:\s+to=functions\.([\w.-]+))?"
+                          r"[^<]*?(?:<\|constrain\|>\w+)?<\|message\|>(.*?)(?:<\|end\|>|<\|call\|>|<\|return\|>|$)",
+                          re.S)
+
+
+def parse_harmony(text: str) -> list[Event]:
+    """gpt-oss output: analysis -> reasoning, final -> content, commentary to=functions.X -> a call."""
+    events: list[Event] = []
+    matched = False
+    for m in _HARMONY_MSG.finditer(text):
+        matched = True
+        channel, fn, body = m.group(1), m.group(2), m.group(3)
+        if fn:
+            c = _call(fn, body.strip() or "{}")
+            events.append(Event("tool_call", call=c) if c else Event("content", body))
+        elif channel == "analysis":
+            events.append(Event("reasoning", body))
+        else:
+            events.append(Event("content", body))
+    return events if matched else ([Event("content", text)] if text else [])
+
+
+def _partial_suffix(buf: str, markers) -> int:
+    """Length of the longest suffix of buf that is a proper prefix of a marker."""
+    best = 0
+    for m in markers:
+        for n in range(min(len(m) - 1, len(buf)), best, -1):
+            if buf.endswith(m[:n]):
+                best = n
+                break
+    return best
+
+
+def _merge(events: list[Event]) -> list[Event]:
+    out: list[Event] = []
+    for e in events:
+        if out and e.kind != "tool_call" and out[-1].kind == e.kind:
+            out[-1] = Event(e.kind, out[-1].text + e.text)
+        elif e.kind == "tool_call" or e.text:
+            out.append(e)
+    return out
+
+
+# ---- prompts and grammars --------------------------------------------------------------------
+
+@dataclass
+class ToolPlan:
+    """What a tool-using request needs: messages for the template, template kwargs, grammar, parser."""
+
+    messages: list[dict[str, Any]]
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    grammar: str | None = None
+    fmt: str = "generic"
+    tools_active: bool = False
+
+
+def _functions(tools: list[dict]) -> list[dict]:
+    fns = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if t.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidRequest(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", ...}}}}",
+                                 "tools")
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise InvalidRequest(f"tools[{i}].function.parameters must be a JSON schema object", "tools")
+        fns.append({"name": fn["name"], "description": fn.get("description", ""), "parameters": params})
+    return fns
+
+
+def _call_schema(fns: list[dict], args_key: str = "arguments") -> dict:
+    options = [{"type": "object", "properties": {"name": {"const": f["name"]}, args_key: f["parameters"]},
+                "required": ["name", args_key]} for f in fns]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def schema_grammar(schema: dict, prefix: str = "", suffix: str = "") -> str:
+    """A GBNF grammar for JSON matching schema, optionally wrapped in literal text."""
+    try:
+        gbnf = json_schema_to_gbnf(json.dumps(schema))
+    except Exception as e:  # the converter's own message names what it cannot do
+        raise InvalidRequest(f"cannot build a grammar from this JSON schema: {e}", "response_format") from None
+    if not prefix and not suffix:
+        return gbnf
+    gbnf = re.sub(r"^root ::=", "payload ::=", gbnf, count=1, flags=re.M)
+    return gbnf + f"\nroot ::= {json.dumps(prefix)} payload {json.dumps(suffix)}\n"
+
+
+def _generic_messages(messages: list[dict], fns: list[dict], choice: str) -> list[dict]:
+    """Tool definitions (if any) into the system prompt; tool turns rewritten as plain text turns."""
+    how = ('Reply with one JSON object: {"tool_calls": [{"name": <tool name>, "arguments": {...}}]} '
+           "to call tools")
+    how += "." if choice in ("required",) or choice.startswith("fn:") else ', or {"response": "<your answer>"} to answer.'
+    spec = "You can call these tools:\n" + json.dumps(fns, ensure_ascii=False) + "\n" + how
+    out: list[dict] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "tool":
+            out.append({"role": "user", "content": f"Tool result ({m.get('name') or m.get('tool_call_id', 'tool')}): "
+                                                   f"{_text(m.get('content'))}"})
+        elif role == "assistant" and m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": _args(c["function"].get("arguments"))}
+                     for c in m["tool_calls"]]
+            out.append({"role": "assistant", "content": json.dumps({"tool_calls": calls}, ensure_ascii=False)})
+        else:
+            out.append(m)
+    if not fns:
+        return out
+    if out and out[0].get("role") in ("system", "developer"):
+        out[0] = {**out[0], "role": "system", "content": _text(out[0].get("content")) + "\n\n" + spec}
+    else:
+        out.insert(0, {"role": "system", "content": spec})
+    return out
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def _args(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def plan_tools(fmt: str, messages: list[dict], tools: list[dict] | None, tool_choice: Any,
+               parallel: bool = True) -> ToolPlan:
+    """How to render and constrain a request with tools in the model's wire format."""
+    if not tools or tool_choice == "none":
+        if fmt == "generic" and any(m.get("role") == "tool" or m.get("tool_calls") for m in messages):
+            messages = _generic_messages(messages, [], "none")  # replay earlier calls and results as text
+        return ToolPlan(messages=messages, fmt=fmt)
+    fns = _functions(tools)
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        chosen = [f for f in fns if f["name"] == name]
+        if not chosen:
+            raise InvalidRequest(f"tool_choice names function {name!r}, which is not in tools", "tool_choice")
+        choice, constrained = f"fn:{name}", chosen
+    elif tool_choice in (None, "auto"):
+        choice, constrained = "auto", fns
+    elif tool_choice == "required":
+        choice, constrained = "required", fns
+    else:
+        raise InvalidRequest("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", "
+                             "\"function\": {\"name\": ...}}", "tool_choice")
+    forced = choice != "auto"
+    # bounded, or a small model can repeat calls until max_tokens cuts the JSON
+    most = 1 if choice.startswith("fn:") or not parallel else len(constrained)
+    call_list = {"type": "array", "items": _call_schema(constrained), "minItems": 1, "maxItems": most}
+    if fmt == "generic":
+        calls = {"type": "object", "properties": {"tool_calls": call_list}, "required": ["tool_calls"]}
+        answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
+        grammar = schema_grammar(calls if forced else {"anyOf": [calls, answer]})
+        return ToolPlan(_generic_messages(messages, fns, choice), grammar=grammar, fmt=fmt, tools_active=True)
+    grammar = None
+    if forced:
+        if fmt == "hermes":
+            grammar = schema_grammar(_call_schema(constrained), "<tool_call>\n", "\n</tool_call>")
+        elif fmt == "llama_json":
+            grammar = schema_grammar(_call_schema(constrained, "parameters"))
+        elif fmt == "mistral":
+            grammar = schema_grammar(call_list, "[TOOL_CALLS]")
+    return ToolPlan(messages=messages, template_kwargs={"tools": tools}, grammar=grammar, fmt=fmt, tools_active=True)

@@ -1,0 +1,105 @@
+"""Tool-call and reasoning parsers per wire format, on realistic outputs, whole and split at every byte."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.tools import OutputParser, detect_format, plan_tools
+
+
+def run(fmt: str, text: str, tools: bool = True, reasoning: bool = False, step: int | None = None):
+    p = OutputParser(fmt, tools, reasoning)
+    events = []
+    if step is None:
+        events += p.feed(text)
+    else:
+        for i in range(0, len(text), step):
+            events += p.feed(text[i:i + step])
+    events += p.finish()
+    content = "".join(e.text for e in events if e.kind == "content")
+    reasoning_text = "".join(e.text for e in events if e.kind == "reasoning")
+    calls = [(e.call["name"], json.loads(e.call["arguments"])) for e in events if e.kind == "tool_call"]
+    return content, reasoning_text, calls
+
+
+CASES = [
+    # (format, model output, reasoning, expected content, expected reasoning, expected calls)
+    ("hermes", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+     False, "Let me check.\n", "", [("get_weather", {"city": "Paris"})]),
+    ("hermes", '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "b", '
+               '"arguments": {"x": 1}}\n</tool_call>', False, "\n", "", [("a", {}), ("b", {"x": 1})]),
+    ("hermes", "<think>\nThe user wants weather.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", "
+               "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", True, "\n\n", "\nThe user wants weather.\n",
+     [("get_weather", {"city": "Oslo"})]),
+    ("hermes", "<think>short</think>The answer is 4.", True, "The answer is 4.", "short", []),
+    ("hermes", "Plain answer with a < sign and <tool but no call.", False,
+     "Plain answer with a < sign and <tool but no call.", "", []),
+    # malformed: broken JSON comes back as content, never an error
+    ("hermes", 'Sure <tool_call>{"name": "x", "arguments": {oops}}</tool_call> done', False,
+     'Sure <tool_call>{"name": "x", "arguments": {oops}}</tool_call> done', "", []),
+    # partial: the stream ended inside a call
+    ("hermes", 'ok <tool_call>{"name": "x", "argu', False, 'ok <tool_call>{"name": "x", "argu', "", []),
+    ("llama_json", '{"name": "get_weather", "parameters": {"city": "Rome"}}', False, "", "",
+     [("get_weather", {"city": "Rome"})]),
+    ("llama_json", '<|python_tag|>{"name": "a", "parameters": {"q": "x"}}; {"name": "b", "parameters": {}}',
+     False, "", "", [("a", {"q": "x"}), ("b", {})]),
+    ("llama_json", "The weather in Rome is sunny.", False, "The weather in Rome is sunny.", "", []),
+    ("llama_json", '{"name": "broken", "parameters": ', False, '{"name": "broken", "parameters": ', "", []),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Lyon"}}]', False, "", "",
+     [("get_weather", {"city": "Lyon"})]),
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Nice"}', False, "", "", [("get_weather", {"city": "Nice"})]),
+    ("mistral", "No tools needed here.", False, "No tools needed here.", "", []),
+    ("harmony", "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+                'to=functions.get_weather <|constrain|>json<|message|>{"city": "Bern"}<|call|>', False, "",
+     "Need weather.", [("get_weather", {"city": "Bern"})]),
+    ("harmony", "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>",
+     False, "4", "Easy.", []),
+    ("generic", '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Kyiv"}}]}', False, "", "",
+     [("get_weather", {"city": "Kyiv"})]),
+    ("generic", '{"response": "Hello there!"}', False, "Hello there!", "", []),
+    ("generic", '{"tool_calls": [{"name": "x"', False, '{"tool_calls": [{"name": "x"', "", []),
+]
+
+
+@pytest.mark.parametrize("fmt, text, reasoning, content, thought, calls", CASES)
+def test_parsers_whole_and_split_at_every_byte(fmt, text, reasoning, content, thought, calls):
+    assert run(fmt, text, reasoning=reasoning) == (content, thought, calls)
+    for step in (1, 2, 3, 7):
+        assert run(fmt, text, reasoning=reasoning, step=step) == (content, thought, calls)
+
+
+def test_streaming_emits_content_before_the_end():
+    p = OutputParser("hermes", True, True)
+    early = p.feed("<think>plan") + p.feed(" more</think>Hel") + p.feed("lo <tool")
+    assert [(e.kind, e.text) for e in early] == [("reasoning", "plan"), ("reasoning", " more"), ("content", "Hel"),
+                                                 ("content", "lo ")]
+    rest = p.feed('_call>{"name": "f", "arguments": {}}</tool_call>') + p.finish()
+    assert [e.kind for e in rest] == ["tool_call"]
+
+
+def test_no_tools_means_no_call_parsing():
+    assert run("hermes", '<tool_call>{"name": "a", "arguments": {}}</tool_call>', tools=False)[2] == []
+
+
+def test_detect_format_from_templates():
+    assert detect_format("{{ '<tool_call>' }}") == "hermes"
+    assert detect_format("[TOOL_CALLS]") == "mistral"
+    assert detect_format("<|start|>{{ x }}<|channel|>") == "harmony"
+    assert detect_format("<|python_tag|>") == "llama_json"
+    assert detect_format("{% for m in messages %}<|im_start|>{% endfor %}") == "generic"
+
+
+def test_plan_rejects_bad_tools_and_unknown_forced_function():
+    from engine.errors import InvalidRequest
+    with pytest.raises(InvalidRequest, match="tools\\[0\\]"):
+        plan_tools("generic", [], [{"type": "function"}], "auto")
+    with pytest.raises(InvalidRequest, match="not in tools"):
+        plan_tools("generic", [], [{"type": "function", "function": {"name": "a"}}],
+                   {"type": "function", "function": {"name": "b"}})
+
+
+def test_reply_that_starts_inside_reasoning():
+    p = OutputParser("generic", False, True, in_reasoning=True)
+    events = p.feed("weighing it up</th") + p.feed("ink>\n\nParis.") + p.finish()
+    assert [(e.kind, e.text) for e in events] == [("reasoning", "weighing it up"), ("content", "\n\nParis.")]
