@@ -331,7 +331,8 @@ class SamplerChain:
 
     def __init__(self, model: LlamaModel, *, temperature: float, top_k: int, top_p: float, min_p: float,
                  repeat_penalty: float, presence_penalty: float, frequency_penalty: float, penalty_last_n: int,
-                 seed: int, logit_bias: dict[int, float], grammar: str | None = None):
+                 seed: int, logit_bias: dict[int, float], grammar: str | None = None,
+                 grammar_triggers: list[str] | None = None):
         penalties = repeat_penalty != 1.0 or presence_penalty != 0.0 or frequency_penalty != 0.0
         self.greedy_fast = temperature <= 0 and not penalties and not grammar
         self.bias_ids = np.array(list(logit_bias), dtype=np.int64)
@@ -342,7 +343,12 @@ class SamplerChain:
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         if grammar:
             _recent_errors.clear()
-            g = L.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+            if grammar_triggers:  # lazy: free text until a trigger matches, then the grammar from its group on
+                pats = (ctypes.c_char_p * len(grammar_triggers))(*[t.encode() for t in grammar_triggers])
+                g = L.llama_sampler_init_grammar_lazy_patterns(model.vocab, grammar.encode(), b"root", pats,
+                                                               len(grammar_triggers), None, 0)
+            else:
+                g = L.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
             if not g:
                 L.llama_sampler_free(chain)
                 raise InvalidRequest("the output grammar could not be parsed by llama.cpp: "

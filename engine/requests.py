@@ -23,6 +23,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     grammar: str | None = None  # GBNF the output must match (response_format, forced tool calls)
+    grammar_triggers: list[str] = field(default_factory=list)  # regexes: the grammar applies from their group on
     logprobs: int | None = None  # None: off; n: the chosen token's logprob plus the n most likely
 
 

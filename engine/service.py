@@ -55,6 +55,7 @@ class Generation:
         self.tools_active = False
         self.reasoning = False
         self.in_reasoning = False
+        self.constrained_calls = False  # a grammar guarantees every call completes (so calls may stream)
         self._pending: list[str] = []
         self._wake = asyncio.Event()
         self._ended = False
@@ -416,17 +417,19 @@ class Service:
                                      "\"none\")", "tools")
         plan = tools.plan_tools(slot.tool_format, req.messages, req.tools, req.tool_choice, req.parallel_tool_calls)
         sampling = req.sampling
-        if plan.grammar:
-            if sampling.grammar:
-                raise InvalidRequest("response_format cannot be combined with a required or forced tool call",
-                                     "response_format")
-            sampling = dataclasses.replace(sampling, grammar=plan.grammar)
+        if plan.grammar and sampling.grammar and not plan.grammar_triggers:
+            raise InvalidRequest("response_format cannot be combined with a required or forced tool call",
+                                 "response_format")
+        constrained = False
+        if plan.grammar and not sampling.grammar:  # with response_format and tool_choice auto, the format wins
+            sampling = dataclasses.replace(sampling, grammar=plan.grammar, grammar_triggers=plan.grammar_triggers)
+            constrained = True
         req = dataclasses.replace(req, messages=plan.messages,
                                   template_kwargs={**req.template_kwargs, **plan.template_kwargs})
         prompt, text = await asyncio.get_running_loop().run_in_executor(self._prep, self._chat_tokens, slot, req)
         reasoning = slot.thinks and req.template_kwargs.get("enable_thinking") is not False
         gen = self._submit(slot, prompt, sampling, render_special=plan.tools_active or reasoning)
-        gen.tools_active, gen.reasoning = plan.tools_active, reasoning
+        gen.tools_active, gen.reasoning, gen.constrained_calls = plan.tools_active, reasoning, constrained
         # templates that open <think> in the generation prompt: the reply starts inside the reasoning
         gen.in_reasoning = reasoning and text.rstrip().endswith("<think>")
         return gen

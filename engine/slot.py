@@ -318,7 +318,7 @@ class Slot:
             self.model, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
             repeat_penalty=sp.repeat_penalty, presence_penalty=sp.presence_penalty,
             frequency_penalty=sp.frequency_penalty, penalty_last_n=sp.penalty_last_n, seed=seed, logit_bias=bias,
-            grammar=sp.grammar)
+            grammar=sp.grammar, grammar_triggers=sp.grammar_triggers)
 
     # ---- embeddings (scheduler thread) ------------------------------------------------------
 

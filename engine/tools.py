@@ -50,9 +50,9 @@ def new_call_id() -> str:
 class Event:
     """A piece of parsed output: content text, reasoning text, or one complete tool call."""
 
-    kind: str  # content | reasoning | tool_call
-    text: str = ""
-    call: dict[str, Any] | None = None  # {"id", "name", "arguments" (a JSON string)}
+    kind: str  # content | reasoning | tool_call | tool_call_start | tool_args | tool_call_end
+    text: str = ""  # content or reasoning text, or an argument fragment (tool_args)
+    call: dict[str, Any] | None = None  # {"id", "name", "arguments" (a JSON string)}; id and name for a start
 
 
 def _call(name: Any, arguments: Any) -> dict[str, Any] | None:
@@ -96,8 +96,14 @@ class OutputParser:
     that does not parse comes back as content, never as an error.
     """
 
-    def __init__(self, fmt: str, tools: bool, reasoning: bool, in_reasoning: bool = False):
+    def __init__(self, fmt: str, tools: bool, reasoning: bool, in_reasoning: bool = False,
+                 stream_calls: bool = False):
         self.fmt = fmt
+        # hermes calls under a grammar always complete: their id and name can go out first and their
+        # arguments as they are generated (without a grammar a call is only known good once closed)
+        self.stream_calls = stream_calls and fmt == "hermes"
+        self.started: dict[str, Any] | None = None  # the call being streamed
+        self.args_at = self.args_sent = 0
         self.tools = tools
         self.tags: dict[str, tuple[str, str]] = {}  # opener -> (closer, kind)
         if reasoning:
@@ -165,14 +171,52 @@ class OutputParser:
                     out.append(Event("reasoning", emit))
                 if final:
                     self.mode = None
-            elif final:  # an unclosed call: give it back as text
-                out.append(Event("content", self.mode + self.buf))
+            elif final:  # an unclosed call: give it back as text (or end the one being streamed)
+                if self.started:
+                    out += [Event("tool_args", self.buf[self.args_at + self.args_sent:]), Event("tool_call_end")]
+                    self.started = None
+                else:
+                    out.append(Event("content", self.mode + self.buf))
                 self.buf, self.mode = "", None
+            elif self.stream_calls:
+                out += self._call_progress()
             return _merge(out)
+
+    _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*')
+
+    def _call_progress(self) -> list[Event]:
+        """A call's id and name once known, then its argument text as far as it is surely arguments."""
+        out = []
+        if self.started is None:
+            m = self._CALL_HEAD.match(self.buf)
+            if not m:
+                return []
+            self.started = {"id": new_call_id(), "name": m.group(1)}
+            self.args_at, self.args_sent = m.end(), 0
+            out.append(Event("tool_call_start", call=dict(self.started)))
+        body = self.buf[self.args_at:]
+        body = body[:len(body) - _partial_suffix(body, {"</tool_call>": None})].rstrip()
+        if body.endswith("}"):  # may be the call object's own closing brace: wait for the closer
+            body = body[:-1].rstrip()
+        if len(body) > self.args_sent:
+            out.append(Event("tool_args", body[self.args_sent:]))
+            self.args_sent = len(body)
+        return out
 
     def _closed(self, opener: str, kind: str, inner: str) -> list[Event]:
         if kind == "reasoning":
             return [Event("reasoning", inner)] if inner else []
+        if self.stream_calls and self.started is None:
+            self.buf, rest = inner, self.buf
+            head = self._call_progress()  # a call that arrived whole in one chunk
+            self.buf = rest
+        else:
+            head = []
+        if self.started is not None:
+            args = inner[self.args_at:].rstrip()
+            args = args[:-1].rstrip() if args.endswith("}") else args
+            self.started = None
+            return head + [Event("tool_args", args[self.args_sent:]), Event("tool_call_end")]
         calls = _json_calls(inner.strip())
         if calls:
             return [Event("tool_call", call=c) for c in calls]
@@ -245,11 +289,31 @@ def _partial_suffix(buf: str, markers) -> int:
 def _merge(events: list[Event]) -> list[Event]:
     out: list[Event] = []
     for e in events:
-        if out and e.kind != "tool_call" and out[-1].kind == e.kind:
-            out[-1] = Event(e.kind, out[-1].text + e.text)
-        elif e.kind == "tool_call" or e.text:
-            out.append(e)
+        if e.kind in ("content", "reasoning", "tool_args"):
+            if not e.text:
+                continue
+            if out and out[-1].kind == e.kind:
+                out[-1] = Event(e.kind, out[-1].text + e.text)
+                continue
+        out.append(e)
     return out
+
+
+def assemble(events: list[Event]) -> tuple[str, str, list[dict]]:
+    """(content, reasoning, calls) from a parser's events; streamed calls are put back together."""
+    content, reasoning, calls = "", "", []
+    for e in events:
+        if e.kind == "content":
+            content += e.text
+        elif e.kind == "reasoning":
+            reasoning += e.text
+        elif e.kind == "tool_call":
+            calls.append(dict(e.call))
+        elif e.kind == "tool_call_start":
+            calls.append({**e.call, "arguments": ""})
+        elif e.kind == "tool_args" and calls:
+            calls[-1]["arguments"] += e.text
+    return content, reasoning, calls
 
 
 # ---- prompts and grammars --------------------------------------------------------------------
@@ -261,6 +325,7 @@ class ToolPlan:
     messages: list[dict[str, Any]]
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     grammar: str | None = None
+    grammar_triggers: list[str] = field(default_factory=list)  # set: a lazy grammar that starts at the opener
     fmt: str = "generic"
     tools_active: bool = False
 
@@ -369,12 +434,19 @@ def plan_tools(fmt: str, messages: list[dict], tools: list[dict] | None, tool_ch
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
         grammar = schema_grammar(calls if forced else {"anyOf": [calls, answer]})
         return ToolPlan(_generic_messages(messages, fns, choice), grammar=grammar, fmt=fmt, tools_active=True)
-    grammar = None
-    if forced:
-        if fmt == "hermes":
-            grammar = schema_grammar(_call_schema(constrained), "<tool_call>\n", "\n</tool_call>")
-        elif fmt == "llama_json":
-            grammar = schema_grammar(_call_schema(constrained, "parameters"))
-        elif fmt == "mistral":
-            grammar = schema_grammar(call_list, "[TOOL_CALLS]")
-    return ToolPlan(messages=messages, template_kwargs={"tools": tools}, grammar=grammar, fmt=fmt, tools_active=True)
+    grammar, triggers = None, []
+    if fmt == "hermes":
+        grammar = schema_grammar(_call_schema(constrained), "<tool_call>\n", "\n</tool_call>")
+        if most > 1:  # parallel calls, one block each
+            grammar = grammar.replace("\nroot ::= ", "\ncall ::= ") + f'root ::= call ("\\n" call){{0,{most - 1}}}\n'
+        triggers = [r"(<tool_call>)"]
+    elif fmt == "llama_json":
+        grammar = schema_grammar(_call_schema(constrained, "parameters"))
+        triggers = [r"^\s*(\{)[\s\S]*$"]
+    elif fmt == "mistral":
+        grammar = schema_grammar(call_list, "[TOOL_CALLS]")
+        triggers = [r"(\[TOOL_CALLS\])"]
+    # required/forced: the grammar holds from the first token; auto: it starts at the call opener, so a
+    # reply may be text, but a call the model starts always completes with arguments valid for its schema
+    return ToolPlan(messages=messages, template_kwargs={"tools": tools}, grammar=grammar,
+                    grammar_triggers=[] if forced else triggers, fmt=fmt, tools_active=True)

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from engine.errors import EngineError, ModelNotFound
 from engine.service import Generation
-from engine.tools import Event, OutputParser
+from engine.tools import Event, OutputParser, assemble
 from server import schemas, sse
 from server.errors import sse_error_event
 from server.keys import SERVICE
@@ -112,29 +112,46 @@ class _ChatChoice:
     def __init__(self, gen: Generation, parallel_tool_calls: bool):
         self.gen = gen
         self.parallel = parallel_tool_calls
-        self.parser = OutputParser(gen.tool_format, gen.tools_active, gen.reasoning, gen.in_reasoning) \
+        self.parser = OutputParser(gen.tool_format, gen.tools_active, gen.reasoning, gen.in_reasoning,
+                                   stream_calls=gen.constrained_calls) \
             if gen.tools_active or gen.reasoning else None
-        self.calls = 0
+        self.calls = 0  # calls started so far
+        self.skipping = False  # inside a call dropped by parallel_tool_calls=false
+
+    def events(self, text: str | None) -> list[Event]:
+        """Parsed events for new text (None: the generation ended), calls beyond the first dropped
+        when parallel_tool_calls is false."""
+        events = self.parser.feed(text) if text is not None else self.parser.finish()
+        out = []
+        for e in events:
+            if e.kind in ("tool_call", "tool_call_start"):
+                self.skipping = bool(self.calls) and not self.parallel
+                if not self.skipping:
+                    self.calls += 1
+            if self.skipping and e.kind in ("tool_call", "tool_call_start", "tool_args", "tool_call_end"):
+                continue
+            out.append(e)
+        return out
 
     def deltas(self, text: str | None) -> list[dict]:
         """Chat deltas for new text (None: the generation ended)."""
         if self.parser is None:
             return [{"content": text}] if text else []
-        events = self.parser.feed(text) if text is not None else self.parser.finish()
-        return [d for d in (self._delta(e) for e in events) if d]
+        return [d for d in (self._delta(e) for e in self.events(text)) if d]
 
     def _delta(self, e: Event) -> dict | None:
         if e.kind == "content":
             return {"content": e.text}
         if e.kind == "reasoning":
             return {"reasoning_content": e.text}
-        if self.calls and not self.parallel:
-            return None  # parallel_tool_calls=false: the first call only
-        c = e.call
-        d = {"tool_calls": [{"index": self.calls, "id": c["id"], "type": "function",
-                             "function": {"name": c["name"], "arguments": c["arguments"]}}]}
-        self.calls += 1
-        return d
+        if e.kind == "tool_call_end":
+            return None
+        i = self.calls - 1
+        if e.kind == "tool_args":
+            return {"tool_calls": [{"index": i, "function": {"arguments": e.text}}]}
+        c = e.call  # a whole call, or the start of a streamed one (id and name first)
+        return {"tool_calls": [{"index": i, "id": c["id"], "type": "function",
+                                "function": {"name": c["name"], "arguments": c.get("arguments", "")}}]}
 
     @property
     def finish_reason(self) -> str:
@@ -142,16 +159,15 @@ class _ChatChoice:
 
     def message(self, text: str) -> dict:
         """The whole assistant message of a buffered reply."""
-        content, reasoning, calls = "", "", []
-        for d in self.deltas(text) + self.deltas(None):
-            content += d.get("content", "")
-            reasoning += d.get("reasoning_content", "")
-            calls += [{k: v for k, v in c.items() if k != "index"} for c in d.get("tool_calls", [])]
+        if self.parser is None:
+            return {"role": "assistant", "content": text}
+        content, reasoning, calls = assemble(self.events(text) + self.events(None))
         msg: dict[str, Any] = {"role": "assistant", "content": content if content.strip() or not calls else None}
         if reasoning:
             msg["reasoning_content"] = reasoning
         if calls:
-            msg["tool_calls"] = calls
+            msg["tool_calls"] = [{"id": c["id"], "type": "function",
+                                  "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
         return msg
 
 

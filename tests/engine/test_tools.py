@@ -5,11 +5,12 @@ import json
 
 import pytest
 
-from engine.tools import OutputParser, detect_format, plan_tools
+from engine.tools import OutputParser, assemble, detect_format, plan_tools
 
 
-def run(fmt: str, text: str, tools: bool = True, reasoning: bool = False, step: int | None = None):
-    p = OutputParser(fmt, tools, reasoning)
+def run(fmt: str, text: str, tools: bool = True, reasoning: bool = False, step: int | None = None,
+        stream_calls: bool = False):
+    p = OutputParser(fmt, tools, reasoning, stream_calls=stream_calls)
     events = []
     if step is None:
         events += p.feed(text)
@@ -17,10 +18,8 @@ def run(fmt: str, text: str, tools: bool = True, reasoning: bool = False, step: 
         for i in range(0, len(text), step):
             events += p.feed(text[i:i + step])
     events += p.finish()
-    content = "".join(e.text for e in events if e.kind == "content")
-    reasoning_text = "".join(e.text for e in events if e.kind == "reasoning")
-    calls = [(e.call["name"], json.loads(e.call["arguments"])) for e in events if e.kind == "tool_call"]
-    return content, reasoning_text, calls
+    content, reasoning_text, calls = assemble(events)
+    return content, reasoning_text, [(c["name"], json.loads(c["arguments"])) for c in calls]
 
 
 CASES = [
@@ -67,6 +66,24 @@ def test_parsers_whole_and_split_at_every_byte(fmt, text, reasoning, content, th
     assert run(fmt, text, reasoning=reasoning) == (content, thought, calls)
     for step in (1, 2, 3, 7):
         assert run(fmt, text, reasoning=reasoning, step=step) == (content, thought, calls)
+
+
+GRAMMAR_CALLS = [c for c in CASES if c[0] == "hermes" and c[5]]  # well-formed calls, as a grammar guarantees
+
+
+@pytest.mark.parametrize("fmt, text, reasoning, content, thought, calls", GRAMMAR_CALLS)
+def test_streamed_call_fragments_reassemble(fmt, text, reasoning, content, thought, calls):
+    for step in (None, 1, 2, 5):
+        assert run(fmt, text, reasoning=reasoning, step=step, stream_calls=True) == (content, thought, calls)
+
+
+def test_call_id_and_name_leave_before_the_arguments_end():
+    p = OutputParser("hermes", True, False, stream_calls=True)
+    first = p.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
+    assert [e.kind for e in first] == ["tool_call_start", "tool_args"]
+    assert first[0].call["name"] == "get_weather" and first[1].text == '{"city": "Pa'
+    rest = p.feed('ris"}}\n</tool_call>') + p.finish()
+    assert [(e.kind, e.text) for e in rest] == [("tool_args", 'ris"}'), ("tool_call_end", "")]
 
 
 def test_streaming_emits_content_before_the_end():
