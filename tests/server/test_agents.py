@@ -172,6 +172,15 @@ def test_logprobs_are_finite_sorted_and_sum_below_one(smol_server):
     raw = post(smol_server, "/v1/completions", {"model": "smollm2", "prompt": "The capital of France is",
                                                 "max_tokens": 5, "temperature": 0, "logprobs": 3})
     lp = Completion.model_validate(raw).choices[0].logprobs
+    chunks = post(smol_server, "/v1/completions", {"model": "smollm2", "prompt": "Hello", "max_tokens": 5, "n": 2,
+                                                   "stream": True, "logprobs": 1,
+                                                   "stream_options": {"include_usage": True}})
+    # The SDK's Completion type declares finish_reason non-null, yet streamed chunks carry null until the last
+    # (the SDK builds them without validating); the chunks that end a choice or carry usage validate strictly.
+    parsed = [Completion.model_validate(c) if not c["choices"] or c["choices"][0]["finish_reason"]
+              else Completion.model_construct(**c) for c in chunks]
+    assert parsed[-1].usage.completion_tokens == sum(
+        len(c["logprobs"]["tokens"]) for ch in chunks for c in ch["choices"] if c["logprobs"])
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == raw["usage"]["completion_tokens"]
     assert all(len(t) <= 3 for t in lp.top_logprobs)
 
