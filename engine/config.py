@@ -96,7 +96,7 @@ SCHEMA: tuple[Option, ...] = (
 OPTIONS = {o.name: o for o in SCHEMA}
 MODEL_KEYS = {"name": str, "path": str, "default": bool, "ctx": int, "streams": int, "chunk": int,
               "kv_dtype": str, "chat_template": str, "tool_format": str}
-TOOL_FORMATS = ("hermes", "llama_json", "mistral", "harmony", "generic", "none")
+TOOL_FORMATS = ("hermes", "llama_json", "mistral", "harmony", "gemma", "generic", "none")
 
 
 @dataclass

@@ -3,12 +3,15 @@ streaming, one implementation), and the grammars that make a forced call valid.
 
 Formats (detected from the chat template): hermes (`<tool_call>{json}</tool_call>`, Qwen2.5/3),
 llama_json (Llama 3.x: a bare `{"name", "parameters"}` object, maybe after `<|python_tag|>`),
-mistral (`[TOOL_CALLS][{...}]`), harmony (gpt-oss channels), and generic — for templates with
-no tool format (SmolLM2's ChatML, TinyLlama's zephyr, Gemma): tools are described in the system
-prompt and the reply is a JSON object `{"tool_calls": [...]}` or `{"response": "..."}`.
+mistral (`[TOOL_CALLS][{...}]`), harmony (gpt-oss channels), gemma (Gemma 3 has no tool tokens; its
+documented convention is a Python call in a ```tool_code block, results in ```tool_output), and
+generic — for templates with no tool format (SmolLM2's ChatML, TinyLlama's zephyr): tools are
+described in the system prompt and the reply is a JSON object `{"tool_calls": [...]}` or
+`{"response": "..."}`.
 """
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
@@ -19,7 +22,7 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from engine.errors import InvalidRequest
 
-FORMATS = ("hermes", "llama_json", "mistral", "harmony", "generic")
+FORMATS = ("hermes", "llama_json", "mistral", "harmony", "gemma", "generic")
 
 
 def detect_format(template: str) -> str:
@@ -32,6 +35,8 @@ def detect_format(template: str) -> str:
         return "harmony"
     if "<|python_tag|>" in template or ("ipython" in template and "<|eot_id|>" in template):
         return "llama_json"
+    if "<start_of_turn>" in template:
+        return "gemma"
     return "generic"
 
 
@@ -110,6 +115,8 @@ class OutputParser:
             self.tags["<think>"] = ("</think>", "reasoning")
         if tools and fmt == "hermes":
             self.tags["<tool_call>"] = ("</tool_call>", "tool")
+        if tools and fmt == "gemma":
+            self.tags["```tool_code"] = ("```", "tool")
         # formats whose call is the whole reply: decided by how the reply starts
         self.prefixes = {"llama_json": ("<|python_tag|>", "{"), "mistral": ("[TOOL_CALLS]",),
                          "generic": ("{",)}.get(fmt, ()) if tools else ()
@@ -217,7 +224,7 @@ class OutputParser:
             args = args[:-1].rstrip() if args.endswith("}") else args
             self.started = None
             return head + [Event("tool_args", args[self.args_sent:]), Event("tool_call_end")]
-        calls = _json_calls(inner.strip())
+        calls = _python_calls(inner) if self.fmt == "gemma" else _json_calls(inner.strip())
         if calls:
             return [Event("tool_call", call=c) for c in calls]
         return [Event("content", opener + inner + self.tags[opener][0])]
@@ -251,6 +258,39 @@ class OutputParser:
                 calls = [c] if c else None
             return [Event("tool_call", call=c) for c in calls] if calls else [Event("content", text)]
         return [Event("content", text)] if text else []
+
+
+_PY_NAMES = {"true": True, "false": False, "null": None}
+
+
+def _python_calls(code: str) -> list[dict] | None:
+    """Calls from Python call expressions with literal keyword arguments (`f(a="x", n=2)`), one per line."""
+    calls = []
+    try:
+        tree = ast.parse(code.strip(), mode="exec")
+    except SyntaxError:
+        return None
+    for stmt in tree.body:
+        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+                and isinstance(stmt.value.func, ast.Name) and not stmt.value.args):
+            return None
+        args = {}
+        for kw in stmt.value.keywords:
+            if kw.arg is None:
+                return None
+            v = kw.value
+            if isinstance(v, ast.Name) and v.id in _PY_NAMES:  # JSON's true/false/null
+                args[kw.arg] = _PY_NAMES[v.id]
+                continue
+            try:
+                args[kw.arg] = ast.literal_eval(v)
+            except ValueError:
+                return None
+        c = _call(stmt.value.func.id, args)
+        if c is None:
+            return None
+        calls.append(c)
+    return calls or None
 
 
 _HARMONY_MSG = re.compile(r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)(?:\s+to=functions\.([\w.-]+))?"
@@ -389,6 +429,64 @@ def _generic_messages(messages: list[dict], fns: list[dict], choice: str) -> lis
     return out
 
 
+def _gemma_messages(messages: list[dict], fns: list[dict]) -> list[dict]:
+    """Gemma's convention: tools described up front, calls in ```tool_code, results in ```tool_output."""
+    spec = ("You can call these functions:\n" + json.dumps(fns, ensure_ascii=False) + "\nTo call one, reply with a "
+            "Python call in a tool_code block, for example:\n```tool_code\nfunction_name(argument=\"value\")\n```")
+    out: list[dict] = []
+    for m in messages:
+        if m.get("role") == "tool":
+            out.append({"role": "user", "content": f"```tool_output\n{_text(m.get('content'))}\n```"})
+        elif m.get("role") == "assistant" and m.get("tool_calls"):
+            code = "\n".join(f"{c['function']['name']}(" + ", ".join(
+                f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in (_args(c["function"].get("arguments")) or {}).items())
+                + ")" for c in m["tool_calls"])
+            out.append({"role": "assistant", "content": f"```tool_code\n{code}\n```"})
+        else:
+            out.append(m)
+    if not fns:
+        return out
+    if out and out[0].get("role") in ("system", "developer"):
+        out[0] = {**out[0], "role": "system", "content": _text(out[0].get("content")) + "\n\n" + spec}
+    else:
+        out.insert(0, {"role": "system", "content": spec})
+    return out
+
+
+def _python_call_grammar(fns: list[dict]) -> str:
+    """A tool_code block calling one of fns with keyword arguments valid for its schema (JSON literals)."""
+    rules, alts = [], []
+    for i, f in enumerate(fns):
+        g = schema_grammar({**f["parameters"], "type": "object"})
+        g = re.sub(r'^(\S+)-kv ::= "\\"([^"\\]+)\\"" space ":" space (.*)$', r'\1-kv ::= "\2=" \3', g, flags=re.M)
+        g = re.sub(r'^root ::= "\{" space (.*)"\}" space$', r'root ::= "(" \1")"', g, flags=re.M)
+        rules.append(_prefix_rules(g, f"f{i}-"))  # own names, so several functions share one grammar
+        alts.append(f'"{f["name"]}" f{i}-root')
+    return "\n".join(rules) + '\nroot ::= "```tool_code\\n" (' + " | ".join(alts) + ') "\\n```"\n'
+
+
+def _each_function_grammar(fns: list[dict], wrap) -> str:
+    """One of fns' calls: wrap(f) gives the literal text before and after f's JSON arguments."""
+    rules, alts = [], []
+    for i, f in enumerate(fns):
+        rules.append(_prefix_rules(schema_grammar(f["parameters"]), f"f{i}-"))
+        before, after = wrap(f)
+        alts.append(f"{json.dumps(before)} f{i}-root {json.dumps(after)}")
+    return "\n".join(rules) + "\nroot ::= " + " | ".join(alts) + "\n"
+
+
+_GBNF_LITERAL = re.compile(r'("(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\])')
+
+
+def _prefix_rules(gbnf: str, prefix: str) -> str:
+    """gbnf with every rule name prefixed (string literals and character classes left alone)."""
+    names = set(re.findall(r"^(\S+) ::=", gbnf, flags=re.M))
+    word = re.compile(r"(?<![\w-])(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+                      + r")(?![\w-])")
+    parts = _GBNF_LITERAL.split(gbnf)
+    return "".join(p if k % 2 else word.sub(lambda m: prefix + m.group(1), p) for k, p in enumerate(parts))
+
+
 def _text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
@@ -408,8 +506,11 @@ def plan_tools(fmt: str, messages: list[dict], tools: list[dict] | None, tool_ch
                parallel: bool = True) -> ToolPlan:
     """How to render and constrain a request with tools in the model's wire format."""
     if not tools or tool_choice == "none":
-        if fmt == "generic" and any(m.get("role") == "tool" or m.get("tool_calls") for m in messages):
-            messages = _generic_messages(messages, [], "none")  # replay earlier calls and results as text
+        if any(m.get("role") == "tool" or m.get("tool_calls") for m in messages):  # replay calls and results
+            if fmt == "generic":
+                messages = _generic_messages(messages, [], "none")
+            elif fmt == "gemma":
+                messages = _gemma_messages(messages, [])
         return ToolPlan(messages=messages, fmt=fmt)
     fns = _functions(tools)
     if isinstance(tool_choice, dict):
@@ -434,8 +535,15 @@ def plan_tools(fmt: str, messages: list[dict], tools: list[dict] | None, tool_ch
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
         grammar = schema_grammar(calls if forced else {"anyOf": [calls, answer]})
         return ToolPlan(_generic_messages(messages, fns, choice), grammar=grammar, fmt=fmt, tools_active=True)
+    if fmt == "gemma":
+        return ToolPlan(_gemma_messages(messages, fns), grammar=_python_call_grammar(constrained),
+                        grammar_triggers=[] if forced else [r"(```tool_code)"], fmt=fmt, tools_active=True)
     grammar, triggers = None, []
-    if fmt == "hermes":
+    if fmt == "harmony":
+        grammar = _each_function_grammar(constrained, lambda f: (
+            f"<|channel|>commentary to=functions.{f['name']} <|constrain|>json<|message|>", "<|call|>"))
+        triggers = [r"(<\|channel\|>commentary to=functions\.)"]
+    elif fmt == "hermes":
         grammar = schema_grammar(_call_schema(constrained), "<tool_call>\n", "\n</tool_call>")
         if most > 1:  # parallel calls, one block each
             grammar = grammar.replace("\nroot ::= ", "\ncall ::= ") + f'root ::= call ("\\n" call){{0,{most - 1}}}\n'

@@ -115,6 +115,13 @@ streams = 2
 ctx = 2048
 
 [[models]]
+name = "smollm2-gemma"
+path = "{assets['smollm2']}"
+chat_template = "{TEMPLATES / 'gemma.jinja'}"
+streams = 1
+ctx = 2048
+
+[[models]]
 name = "smollm2-think"
 path = "{assets['smollm2']}"
 chat_template = "{TEMPLATES / 'chatml_think.jinja'}"

@@ -44,3 +44,32 @@ def test_lazy_grammar_constrains_only_after_the_opener(assets, tmp_path):
     assert calls and calls[0]["name"] == "get_weather", text
     jsonschema.validate(json.loads(calls[0]["arguments"]), PARAMS)
     assert "User:" not in text and finish == "stop"  # the grammar completed: only end-of-generation could follow
+
+
+def test_every_family_grammar_is_accepted_by_llama_cpp(assets):
+    from engine.llama import LlamaModel, SamplerChain
+    from engine.tools import FORMATS, schema_grammar
+    model = LlamaModel(assets["tiny"])
+    try:
+        tools = TOOLS + [{"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"tz": {"type": "string"}, "dst": {"type": "boolean"}}}}}]
+        grammars = [schema_grammar({"type": "object"})]
+        for fmt in FORMATS:
+            for choice in ("auto", "required", {"type": "function", "function": {"name": "get_time"}}):
+                plan = plan_tools(fmt, [{"role": "user", "content": "hi"}], tools, choice)
+                if plan.grammar:
+                    grammars.append((plan.grammar, plan.grammar_triggers))
+        assert len(grammars) >= 14
+        for g in grammars[1:]:
+            chain = SamplerChain(model, temperature=0, top_k=0, top_p=1, min_p=0, repeat_penalty=1,
+                                 presence_penalty=0, frequency_penalty=0, penalty_last_n=64, seed=0, logit_bias={},
+                                 grammar=g[0], grammar_triggers=g[1])
+            assert chain.chain  # llama.cpp parsed it
+            chain.free()
+        import pytest
+        from engine.errors import InvalidRequest
+        with pytest.raises(InvalidRequest, match="grammar"):
+            SamplerChain(model, temperature=0, top_k=0, top_p=1, min_p=0, repeat_penalty=1, presence_penalty=0,
+                         frequency_penalty=0, penalty_last_n=64, seed=0, logit_bias={}, grammar='root ::= ("x"')
+    finally:
+        model.free()

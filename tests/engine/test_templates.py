@@ -53,6 +53,14 @@ def test_family_templates_render_tools_calls_and_results(family, expected):
         assert piece in text, (piece, text)
 
 
+def test_gemma_layout_joins_tools_into_the_first_turn_and_replays_code_blocks():
+    fmt, text = render("gemma")
+    assert fmt == "gemma"
+    assert text.startswith("<s><start_of_turn>user\nBe brief.\n\nYou can call these functions:")
+    assert '<start_of_turn>model\n```tool_code\nget_weather(city="Paris")\n```<end_of_turn>' in text
+    assert "<start_of_turn>user\n```tool_output\n18 C, sunny\n```<end_of_turn>" in text
+
+
 def test_generic_format_puts_tools_in_the_system_prompt_and_replays_turns_as_text():
     fmt = detect_format(CHATML)
     assert fmt == "generic"
@@ -66,6 +74,13 @@ def test_generic_format_puts_tools_in_the_system_prompt_and_replays_turns_as_tex
 
 
 def test_forced_call_grammars_per_family():
+    harmony = plan_tools("harmony", CONVERSATION[:2], TOOLS, "required")
+    assert ('root ::= "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" f0-root '
+            '"<|call|>"') in harmony.grammar and not harmony.grammar_triggers
+    assert plan_tools("harmony", CONVERSATION[:2], TOOLS, "auto").grammar_triggers
+    gemma = plan_tools("gemma", CONVERSATION[:2], TOOLS, "required")
+    assert 'root ::= "```tool_code\\n" ("get_weather" f0-root) "\\n```"' in gemma.grammar
+    assert 'f0-city-kv ::= "city=" f0-string' in gemma.grammar and 'f0-root ::= "(" f0-city-kv ")"' in gemma.grammar
     for family, start in (("hermes", '"<tool_call>\\n"'), ("mistral", '"[TOOL_CALLS]"')):
         source = (TEMPLATES / f"{family}.jinja").read_text()
         plan = plan_tools(detect_format(source), CONVERSATION[:2], TOOLS,

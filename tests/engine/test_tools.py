@@ -54,6 +54,11 @@ CASES = [
      "Need weather.", [("get_weather", {"city": "Bern"})]),
     ("harmony", "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>4<|return|>",
      False, "4", "Easy.", []),
+    ("gemma", 'Checking.\n```tool_code\nget_weather(city="Paris", unit="celsius")\n```', False, "Checking.\n", "",
+     [("get_weather", {"city": "Paris", "unit": "celsius"})]),
+    ("gemma", '```tool_code\nf(flag=true, n=2)\ng()\n```', False, "", "", [("f", {"flag": True, "n": 2}), ("g", {})]),
+    ("gemma", '```tool_code\nimport os\n```', False, '```tool_code\nimport os\n```', "", []),
+    ("gemma", "```python\nprint(1)\n```", False, "```python\nprint(1)\n```", "", []),
     ("generic", '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Kyiv"}}]}', False, "", "",
      [("get_weather", {"city": "Kyiv"})]),
     ("generic", '{"response": "Hello there!"}', False, "Hello there!", "", []),
@@ -104,6 +109,7 @@ def test_detect_format_from_templates():
     assert detect_format("[TOOL_CALLS]") == "mistral"
     assert detect_format("<|start|>{{ x }}<|channel|>") == "harmony"
     assert detect_format("<|python_tag|>") == "llama_json"
+    assert detect_format("<start_of_turn>user") == "gemma"
     assert detect_format("{% for m in messages %}<|im_start|>{% endfor %}") == "generic"
 
 

@@ -79,7 +79,7 @@ def test_sdk_parse_with_a_pydantic_model(smol_server):
     assert isinstance(parsed, Capital) and parsed.city
 
 
-@pytest.mark.parametrize("model", ["smollm2", "smollm2-hermes"])
+@pytest.mark.parametrize("model", ["smollm2", "smollm2-hermes", "smollm2-gemma"])
 def test_forced_tool_choice_returns_a_valid_call(smol_server, model):
     for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
         r = chat(smol_server, model=model, tools=[WEATHER, TIME], tool_choice=choice,
@@ -108,7 +108,7 @@ def test_streamed_tool_call(smol_server, model):
     assert [c.finish_reason for ch in chunks for c in ch.choices if c.finish_reason] == ["tool_calls"]
 
 
-@pytest.mark.parametrize("model", ["smollm2", "smollm2-hermes"])
+@pytest.mark.parametrize("model", ["smollm2", "smollm2-hermes", "smollm2-gemma"])
 def test_agent_loop_call_result_answer(smol_server, model):
     client = smol_server.client()
     messages = [SYSTEM, {"role": "user", "content": "What's the weather in Paris?"}]
