@@ -35,6 +35,7 @@ class Host:
         service = Service(self.config)
         log.info("loading %d model(s)", len(self.config.models))
         await asyncio.to_thread(service.load_models)  # EngineError (e.g. a bad GGUF) propagates
+        await asyncio.to_thread(service.load_speech)  # speech models degrade instead (logged, routes explain)
         if service.setup_mode:
             log.warning("no model configured: serving in setup mode (download one from the catalog)")
         service.start(asyncio.get_running_loop())

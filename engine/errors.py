@@ -39,6 +39,10 @@ class NoModelLoaded(EngineError):
     """The server runs in setup mode: nothing is loaded to serve the request."""
 
 
+class SpeechUnavailable(EngineError):
+    """The route needs a speech model (ASR, TTS, VAD) that is not loaded."""
+
+
 class ModelLoadError(EngineError):
     """A model file is missing, truncated or not a GGUF llama.cpp can load."""
 

@@ -229,6 +229,7 @@ class BatchContext(_Context):
         self.n_batch = n_batch
         self.n_seq = n_seq
         self.n_vocab = model.n_vocab
+        self.threads = threads
         b = self.batch
         self._tok = np.ctypeslib.as_array(b.token, shape=(n_batch,))
         self._pos = np.ctypeslib.as_array(b.pos, shape=(n_batch,))
@@ -255,6 +256,12 @@ class BatchContext(_Context):
         self._pos[i] = pos
         self._seq_ptrs[i][0] = seq
         self._out[i] = logits
+
+    def set_threads(self, n: int) -> None:
+        """Use n threads from the next decode on."""
+        if n != self.threads:
+            L.llama_set_n_threads(self.ctx, n, n)
+            self.threads = n
 
     def run(self, n_tokens: int) -> None:
         """Decode the first n_tokens rows filled with set_row/decode_prefill."""

@@ -27,14 +27,15 @@ from engine.chat import turns
 from engine.config import Config, ModelEntry, save_authoritative
 from engine.downloads import Downloader
 from engine.errors import (Conflict, ContextLengthExceeded, EngineError, EngineStopped, InvalidRequest,
-                           ModelLoadError, ModelNotFound, NoModelLoaded, QueueFull, UnsupportedByModel)
+                           ModelLoadError, ModelNotFound, NoModelLoaded, QueueFull, SpeechUnavailable,
+                           UnsupportedByModel)
 from engine.requests import ChatRequest, CompletionRequest, SamplingParams
 from engine.slot import Outbox, Slot, SlotSettings
+from engine.threads import lower_priority
 
 log = logging.getLogger("llamadesk.engine")
 VERSION = "0.1.0"
 MAX_QUEUED = 32  # requests waiting for a stream, per model, before 503
-COMPUTE_NICE = 5  # niceness of the scheduler thread (Linux, per thread); see _lower_priority
 FLUSH_S = 0.02  # longest a generated delta waits to be batched with the next ones
 
 
@@ -144,7 +145,7 @@ class _Worker(threading.Thread):
         self._event.set()
 
     def run(self) -> None:
-        _lower_priority(COMPUTE_NICE)
+        lower_priority()
         out = Outbox()
         last_flush = 0.0
         while not self._stopping:
@@ -176,18 +177,6 @@ class _Worker(threading.Thread):
                 fut.set_exception(EngineStopped("the engine is shutting down"))
 
 
-def _lower_priority(nice: int) -> None:
-    """Make this thread (and the llama.cpp worker threads it starts later, which inherit it) yield
-    to the event loop: with llama.cpp on every core, an equal-priority loop thread waits for CPU
-    time slices and the window and HTTP replies stutter."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)  # Linux: per-thread niceness
-    except OSError as e:
-        log.debug("cannot lower the scheduler thread's priority: %s", e)
-
-
 def _deliver(out: list) -> None:
     for sink, event in out:
         sink.push(event)
@@ -201,13 +190,15 @@ class Service:
         self.slots: dict[str, Slot] = {}
         self.default_id: str | None = None
         self.started = time.monotonic()
+        self.started_wall = time.time()
         self._worker: _Worker | None = None
         self._prep = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="llamadesk-prep")
         self._ids = itertools.count(1)
         self.loading: set[str] = set()
         self._catalog: list[cat.Entry] | None = None
         self.downloader: Downloader | None = None
-
+        self.asr = self.tts = self.vad = None  # speech services (engine/speech); None when not loaded
+        self.speech_errors: dict[str, str] = {}  # why a configured speech model is not serving
     # ---- lifecycle ----------------------------------------------------------------------------
 
     def slot_settings(self, entry: ModelEntry) -> SlotSettings:
@@ -217,6 +208,37 @@ class Service:
                             kv_dtype=entry.kv_dtype or c.kv_dtype, threads=c.threads or llama.default_threads(),
                             default_max_tokens=c.max_tokens, gpu=c.gpu, chat_template=entry.chat_template,
                             tool_format=entry.tool_format)
+
+    def load_speech(self) -> None:
+        """Start the VAD, ASR and TTS services; a model that fails is logged and its routes explain (degrade,
+        never die). Blocking; call before start() or from a worker thread."""
+        from engine.speech.services import AsrService, TtsService, VadService
+        c = self.config
+        vad_path = Path(c.vad).expanduser() if c.vad else Path(__file__).resolve().parent.parent / "resources" / \
+            "models" / "silero_vad.onnx"
+        for kind, make in (("vad", lambda: VadService(vad_path)),
+                           ("asr", lambda: AsrService(Path(c.asr).expanduser(), c.asr_workers, self.vad) if c.asr else None),
+                           ("tts", lambda: TtsService(Path(c.tts).expanduser()) if c.tts else None)):
+            try:
+                svc = make()
+            except Exception as e:  # a broken model must not take the server down
+                msg = e.message if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
+                self.speech_errors[kind] = msg
+                log.error("%s model not loaded: %s", kind.upper(), msg)
+                continue
+            setattr(self, kind, svc)
+            if svc is not None:
+                log.info("%s ready: %s", kind.upper(), getattr(svc, "id", vad_path.name))
+
+    def speech(self, kind: str):
+        """The ASR or TTS service, or a clear error saying how to get one."""
+        svc = getattr(self, kind)
+        if svc is None:
+            what = {"asr": "speech-to-text", "tts": "text-to-speech", "vad": "voice activity detection"}[kind]
+            why = f" ({self.speech_errors[kind]})" if kind in self.speech_errors else ""
+            flag = f"start with --{kind} or download one from the catalog" if kind != "vad" else "check --vad"
+            raise SpeechUnavailable(f"no {what} model loaded{why}: {flag}")
+        return svc
 
     def load_models(self) -> None:
         """Load every roster entry (blocking; call before start(), or from a worker thread)."""
@@ -253,6 +275,9 @@ class Service:
             pass
         worker.stop()
         await asyncio.get_running_loop().run_in_executor(None, worker.join, 10)
+        for svc in (self.asr, self.tts, self.vad):
+            if svc is not None:
+                svc.pool.close()
         for slot in self.slots.values():
             slot.free()
         self._worker = None
@@ -527,10 +552,18 @@ class Service:
 
     def models(self) -> list[dict[str, Any]]:
         """Every served model, OpenAI /v1/models style plus llamadesk's details."""
-        return [{"id": s.id, "object": "model", "created": s.created, "owned_by": "llamadesk",
-                 "default": s.id == self.default_id, "kind": "embedding" if s.embedding_only else "llm",
-                 "state": s.state, "ctx": s.ctx, "streams": s.settings.streams, **s.describe()}
-                for s in self.slots.values()]
+        out = [{"id": s.id, "object": "model", "created": s.created, "owned_by": "llamadesk",
+                "default": s.id == self.default_id, "kind": "embedding" if s.embedding_only else "llm",
+                "state": s.state, "ctx": s.ctx, "streams": s.settings.streams, **s.describe()}
+               for s in self.slots.values()]
+        for kind in ("asr", "tts"):
+            svc = getattr(self, kind)
+            if svc is not None:
+                out.append({"id": svc.id, "object": "model", "created": int(self.started_wall), "owned_by": "llamadesk",
+                            "kind": kind, "state": "ready", "type": svc.model.kind, "path": str(svc.model.path),
+                            **({"voices": svc.model.voices} if kind == "tts" else
+                               {"can_translate": svc.model.can_translate})})
+        return out
 
     def stats(self) -> dict[str, Any]:
         """Scheduler counters summed over slots, plus each slot's own (SPEC §4 names)."""
@@ -541,8 +574,16 @@ class Service:
         summed["max_streams_per_decode"] = max((e["max_streams_per_decode"] for e in entries), default=0)
         ttfts = [v for s in self.slots.values() for v in s.stats.ttft_ms]
         summed["ttft_ms"] = _percentiles(ttfts)
-        return {"setup": self.setup_mode, "status": self.status, "version": VERSION, "uptime_s": round(time.monotonic() - self.started, 1),
-                "hardware": hardware_line(), "memory": {"rss_bytes": rss_bytes()}, **summed, "models": entries}
+        speech = {k: ({"model": svc.id, **svc.pool.stats()} if svc is not None else
+                      {"state": "error" if k in self.speech_errors else "off", "error": self.speech_errors.get(k)})
+                  for k, svc in (("asr", self.asr), ("tts", self.tts))}
+        if self.asr is not None:  # transcriptions that ran while the LLM was decoding (recent window)
+            ticks = [t for slot in self.slots.values() for t, _, _ in list(slot.stats._recent)]
+            speech["asr"]["jobs_overlapping_generation"] = sum(
+                1 for a, b in list(self.asr.pool.busy_intervals) if any(a <= t <= b for t in ticks))
+        return {"setup": self.setup_mode, "status": self.status, "version": VERSION,
+                "uptime_s": round(time.monotonic() - self.started, 1), "hardware": hardware_line(),
+                "memory": {"rss_bytes": rss_bytes()}, **summed, "models": entries, **speech}
 
     def streams(self) -> dict[str, Any]:
         """Live streams and the recently finished ones."""

@@ -21,6 +21,7 @@ from engine.llama import BatchContext, EmbedContext, LlamaModel, SamplerChain, t
 from engine.requests import SamplingParams
 from engine.scheduler import Scheduler, Stream, StreamState
 from engine.text import StopMatcher, Utf8Stream
+from engine.threads import compute
 
 log = logging.getLogger("llamadesk.engine")
 
@@ -212,6 +213,7 @@ class Slot:
             if completes:
                 to_sample.append((s, row + n - 1))
             row += n
+        bctx.set_threads(compute.begin_decode(self.settings.threads))
         try:
             bctx.run(row)
         except RuntimeError as e:
@@ -221,6 +223,8 @@ class Slot:
                 sched.forget(s.seq)
                 self._end(s, "error", out, error=EngineError(f"decode failed: {e}"))
             return True
+        finally:
+            compute.end_decode()
         sched.advance(step)
         self.stats.on_decode(step.streams, len(to_sample), sum(n for _, n in step.prefill))
         now = time.monotonic()

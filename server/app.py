@@ -11,9 +11,9 @@ from aiohttp import web
 from engine.config import Config
 from engine.errors import EngineError
 from engine.service import Service
-from server.errors import MAX_BODY_KEY, error_middleware, json_error
+from server.errors import MAX_BODY_KEY, MAX_UPLOAD_KEY, error_middleware, json_error
 from server.keys import CONFIG, SERVICE
-from server.routes import catalog, control, openai
+from server.routes import audio, catalog, control, openai
 
 log = logging.getLogger("llamadesk.server")
 
@@ -38,16 +38,19 @@ def _auth_middleware(api_key: str):
 def build_app(service: Service, config: Config) -> web.Application:
     """The application with every route, the error mapping and the body-size limit."""
     max_body = config.max_json_mb * 2**20
+    max_upload = config.max_upload_mb * 2**20
     middlewares = [error_middleware]
     if config.api_key:
         middlewares.append(_auth_middleware(config.api_key))
-    app = web.Application(client_max_size=max_body, middlewares=middlewares)
+    app = web.Application(client_max_size=max(max_body, max_upload), middlewares=middlewares)
     app[SERVICE] = service
     app[CONFIG] = config
     app[MAX_BODY_KEY] = max_body
+    app[MAX_UPLOAD_KEY] = max_upload
     app.add_routes(openai.routes)
     app.add_routes(control.routes)
     app.add_routes(catalog.routes)
+    app.add_routes(audio.routes)
     return app
 
 

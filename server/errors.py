@@ -20,6 +20,7 @@ _MAP: list[tuple[type[E.EngineError], int, str, str | None]] = [
     (E.Conflict, 409, "invalid_request_error", "conflict"),
     (E.QueueFull, 503, "server_error", "server_overloaded"),
     (E.NoModelLoaded, 503, "server_error", "no_model_loaded"),
+    (E.SpeechUnavailable, 503, "server_error", "no_model_loaded"),
     (E.EngineStopped, 503, "server_error", "shutting_down"),
     (E.ModelLoadError, 400, "invalid_request_error", "model_load_failed"),
     (E.EngineError, 500, "server_error", None),
@@ -80,7 +81,9 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         elif e.status == 405:
             message = f"method {request.method} is not allowed on {request.path}"
         elif e.status == 413:
-            message = f"request body too large: the limit is {request.app[MAX_BODY_KEY] // 2**20} MB"
+            upload = request.content_type.startswith("multipart/")
+            limit = request.app[MAX_UPLOAD_KEY if upload else MAX_BODY_KEY]
+            message = f"request body too large: the {'upload' if upload else 'JSON'} limit is {limit // 2**20} MB"
         else:
             message = e.text or e.reason
         log.warning("%s %s -> %d: %s", request.method, request.path, e.status, message)
@@ -94,3 +97,4 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
 
 
 MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
+MAX_UPLOAD_KEY = web.AppKey("max_upload_bytes", int)

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.chat import ROLES
+from server.errors import MAX_BODY_KEY
 from engine.errors import InvalidRequest
 from engine.requests import ChatRequest, CompletionRequest, SamplingParams
 from engine.tools import schema_grammar
@@ -25,8 +26,13 @@ _HARMLESS = {"user", "store", "metadata", "service_tier", "prediction", "modalit
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object (InvalidRequest if it is not one)."""
+    """The request body as a JSON object (InvalidRequest if it is not one; 413 over the JSON limit)."""
+    limit = request.app[MAX_BODY_KEY]
+    if request.content_length is not None and request.content_length > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
     raw = await request.read()
+    if len(raw) > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(raw))
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -63,6 +69,11 @@ class Fields:
                 (f">= {lo}" if lo is not None else f"<= {hi}")
             raise InvalidRequest(f"'{name}' must be {rng}, got {v}", name)
         return v
+
+    def use(self, *names: str) -> "Fields":
+        """Mark fields as read (for bodies whose fields are read elsewhere)."""
+        self.used.update(names)
+        return self
 
     def log_ignored(self) -> None:
         """Log, once per field name, the fields this route did not use."""

