@@ -33,6 +33,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"
 	LLAMADESK_TEST_ASSETS="$(ASSETS)" $(BIN)/python tests/bench/bench_concurrency.py $(BENCH_ARGS)
 	LLAMADESK_TEST_ASSETS="$(ASSETS)" QT_QPA_PLATFORM=offscreen $(BIN)/python tests/bench/bench_gui_lag.py
+	LLAMADESK_TEST_ASSETS="$(ASSETS)" $(BIN)/python tests/bench/bench_speech.py
 
 screenshots: $(VENV)/.installed-test
 	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"

@@ -261,17 +261,27 @@ class AsrService:
     def id(self) -> str:
         return self.model.id
 
-    async def transcribe(self, samples: np.ndarray, language: str | None = None,
-                         task: str = "transcribe") -> Transcript:
-        """Text and timed segments of 16 kHz mono samples."""
+    async def transcribe(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe",
+                         segments: bool = True) -> Transcript:
+        """Text and timed segments of 16 kHz mono samples. With segments, every speech span is decoded on
+        its own (its own timestamps); without, spans are merged into windows of up to 28 s — whisper pads
+        every input to a 30 s window, so fewer, fuller windows cost less."""
         if task == "translate" and not self.model.can_translate:
             raise InvalidRequest(f"model '{self.id}' cannot translate: it is an English-only "
                                  f"{self.model.kind} model; translation needs a multilingual whisper model", "model")
         total = len(samples) / ASR_RATE
-        if self.vad is not None:
+        if self.vad is not None and (segments or total > self.MAX_CHUNK_S):
             spans = await self.vad.spans(samples)
-        else:
+        else:  # short audio and plain text: one window, no VAD pass needed
             spans = [(0.0, total)]
+        if not segments and spans:
+            merged = [spans[0]]
+            for start, end in spans[1:]:
+                if end - merged[-1][0] <= self.MAX_CHUNK_S:
+                    merged[-1] = (merged[-1][0], end)
+                else:
+                    merged.append((start, end))
+            spans = merged
         pieces: list[tuple[float, float]] = []
         for start, end in spans:  # whisper reads at most 30 s at a time
             while end - start > self.MAX_CHUNK_S:

@@ -85,7 +85,7 @@ async def _transcribe(request: web.Request, task: str) -> web.Response:
     Fields(fields, f"audio.{task}").use("model", "response_format", "language", "timestamp_granularities",
                                         "prompt", "temperature").log_ignored()
     samples = await asyncio.to_thread(audio.decode, data, ASR_RATE)  # FFmpeg work stays off the loop
-    result = await svc.transcribe(samples, language, task)
+    result = await svc.transcribe(samples, language, task, segments=fmt in ("verbose_json", "srt", "vtt"))
     if fmt == "text":
         return web.Response(text=result.text + "\n", content_type="text/plain")
     if fmt in ("srt", "vtt"):
