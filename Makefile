@@ -37,7 +37,8 @@ bench: $(VENV)/.installed-test
 
 screenshots: $(VENV)/.installed-test
 	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m app.gui.screenshots docs/screenshots --model "$(ASSETS)/SmolLM2-135M-Instruct.Q4_1.gguf"
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m app.gui.screenshots docs/screenshots \
+	  --model "$(ASSETS)/SmolLM2-135M-Instruct.Q4_1.gguf" --asr "$(ASSETS)/whisper-tiny.en" --tts "$(ASSETS)/piper-en_US-joe-medium"
 
 assets: $(VENV)/.installed-test
 	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"

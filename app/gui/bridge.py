@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.host import Host
@@ -50,6 +51,9 @@ class Bridge(QObject):
     chat_error = Signal(str, str)  # chat id, message
     notice = Signal(str)  # a one-line message for the status bar
     config_saved = Signal(str)  # path
+    speech_ready = Signal(str, object)  # request id, {"samples", "rate", "wav"}
+    transcript_ready = Signal(str, object)  # request id, {"text", "segments", "duration", "spans", "samples"}
+    speech_error = Signal(str, str)  # request id, message
     reloaded = Signal()
     quitting = Signal()
 
@@ -193,6 +197,46 @@ class Bridge(QObject):
         if name in self.host.service.slots:
             self.host.service.default_id = name
             self.models_changed.emit()
+
+    # ---- speech -------------------------------------------------------------------------------
+
+    def synthesize(self, text: str, voice: str | None = None, speed: float = 1.0) -> str:
+        """Text to speech; speech_ready (or speech_error) follows with the same id."""
+        rid = f"tts-{next(self._ids)}"
+
+        async def go() -> None:
+            from app.gui.audio_io import wav_bytes
+            from engine.speech.services import check_tts_input
+            try:
+                check_tts_input(text, speed)
+                tts = self.host.service.speech("tts")
+                parts = [(a, r) async for a, r in tts.sentences_audio(text, voice, speed)]
+                samples, rate = np.concatenate([a for a, _ in parts]), parts[0][1]
+                self.speech_ready.emit(rid, {"samples": samples, "rate": rate,
+                                             "wav": await asyncio.to_thread(wav_bytes, samples, rate)})
+            except EngineError as e:
+                self.speech_error.emit(rid, e.message)
+        self.spawn(go())
+        return rid
+
+    def transcribe(self, data: bytes, language: str | None = None) -> str:
+        """Speech to text with segments and the VAD's spans; transcript_ready (or speech_error) follows."""
+        rid = f"asr-{next(self._ids)}"
+
+        async def go() -> None:
+            from engine.speech import audio
+            try:
+                asr = self.host.service.speech("asr")
+                samples = await asyncio.to_thread(audio.decode, data, 16000)
+                result = await asr.transcribe(samples, language, "transcribe", segments=True)
+                vad = self.host.service.vad
+                spans = await vad.spans(samples) if vad is not None else []
+                self.transcript_ready.emit(rid, {"text": result.text, "segments": result.segments,
+                                                 "duration": result.duration, "spans": spans, "samples": samples})
+            except EngineError as e:
+                self.speech_error.emit(rid, e.message)
+        self.spawn(go())
+        return rid
 
     # ---- settings -----------------------------------------------------------------------------
 

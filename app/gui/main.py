@@ -13,6 +13,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication, QSystemTrayIcon
 
+from app.gui.audio_io import AudioIO
 from app.gui.bridge import Bridge
 from app.gui.single import InstanceGuard
 from app.gui.tray import Tray
@@ -34,7 +35,8 @@ class Desktop:
         logging.getLogger().addHandler(self.bridge.log_handler)
         self.icon = QIcon(str(ICON))
         QApplication.setWindowIcon(self.icon)
-        self.window = MainWindow(self.bridge, self.icon)
+        self.audio_io = AudioIO()
+        self.window = MainWindow(self.bridge, self.icon, self.audio_io)
         self.tray = Tray(self.bridge, self.window, self.icon, self.request_quit)
         self.window.tray = self.tray
         self._done: asyncio.Future | None = None

@@ -47,6 +47,17 @@ async def shoot(desktop: Desktop, out: Path) -> None:
         chat.input.setPlainText(question)
         chat.send()
         await done
+    studio = w.panels["Speech"]
+    if desktop.host.service.tts is not None and desktop.host.service.asr is not None:
+        studio.text.setPlainText("The weather is nice today. I would like a cup of coffee. Please open the window.")
+        heard = asyncio.get_running_loop().create_future()
+        bridge.transcript_ready.connect(lambda *_: heard.done() or heard.set_result(True))
+        spoken = asyncio.get_running_loop().create_future()
+        bridge.speech_ready.connect(lambda *_: spoken.done() or spoken.set_result(True))
+        studio.speak()
+        await spoken
+        studio.transcribe_last_speech()
+        await heard
     for name in PANELS:
         w.show_panel(name)
         await asyncio.sleep(0.3)
@@ -59,6 +70,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("out", type=Path)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--asr")
+    ap.add_argument("--tts")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     app = QApplication([])
@@ -66,7 +79,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "llamadesk.toml"
         cfg.write_text("")
-        config = load(["--config", str(cfg), "--port", "0", "--model", args.model, "--models-dir", tmp])
+        speech = (["--asr", args.asr] if args.asr else []) + (["--tts", args.tts] if args.tts else [])
+        config = load(["--config", str(cfg), "--port", "0", "--model", args.model, "--models-dir", tmp, *speech])
         loop = qasync.QEventLoop(app)
         asyncio.set_event_loop(loop)
         desktop = Desktop(config)

@@ -12,21 +12,23 @@ from app.gui.panels.dashboard import DashboardPanel
 from app.gui.panels.logs import LogsPanel
 from app.gui.panels.models import ModelsPanel
 from app.gui.panels.settings import SettingsPanel
+from app.gui.panels.speech import SpeechPanel
 
-PANELS = ("Dashboard", "Catalog", "Models", "Chat", "Settings", "Logs")
+PANELS = ("Dashboard", "Catalog", "Models", "Chat", "Speech", "Settings", "Logs")
 
 
 class MainWindow(QMainWindow):
     """Sidebar + stacked panels; closing hides to the tray and keeps serving."""
 
-    def __init__(self, bridge, icon):
+    def __init__(self, bridge, icon, audio_io):
         super().__init__()
         self.bridge = bridge
         self.setWindowTitle("llamadesk")
         self.setWindowIcon(icon)
         self.resize(1200, 780)
         self.panels = {"Dashboard": DashboardPanel(bridge), "Catalog": CatalogPanel(bridge),
-                       "Models": ModelsPanel(bridge), "Chat": ChatPanel(bridge), "Settings": SettingsPanel(bridge),
+                       "Models": ModelsPanel(bridge), "Chat": ChatPanel(bridge, audio_io),
+                       "Speech": SpeechPanel(bridge, audio_io), "Settings": SettingsPanel(bridge),
                        "Logs": LogsPanel(bridge)}
         self.sidebar = QListWidget()
         self.sidebar.addItems(list(self.panels))

@@ -395,6 +395,17 @@ class TtsService:
     def sentences(text: str) -> list[str]:
         return [s for s in (p.strip() for p in _SENTENCE.split(text)) if s]
 
+    PAUSE_S = 0.25  # between sentences: VITS ends a sentence with almost no silence
+
+    async def sentences_audio(self, text: str, voice: str | None = None, speed: float = 1.0):
+        """(samples, rate) per sentence of text, each but the last followed by a short pause."""
+        parts = self.sentences(text)
+        for i, sentence in enumerate(parts):
+            samples, rate = await self.synthesize(sentence, voice, speed)
+            if i < len(parts) - 1:
+                samples = np.concatenate([samples, np.zeros(int(self.PAUSE_S * rate / speed), np.float32)])
+            yield samples, rate
+
     async def synthesize(self, text: str, voice: str | None = None, speed: float = 1.0) -> tuple[np.ndarray, int]:
         """Samples and rate for text (one job, or the recent result for the same request)."""
         sid = self.voice_id(voice)

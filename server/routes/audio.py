@@ -4,11 +4,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from engine.errors import InvalidRequest, ModelNotFound
 from engine.speech import audio
 from engine.speech.services import ASR_RATE, OPENAI_VOICES, check_tts_input
+from engine.speech.subtitles import subtitles
 from server.errors import MAX_UPLOAD_KEY
 from server.keys import SERVICE
 from server.schemas import Fields, read_json
@@ -53,23 +55,6 @@ def _asr(request: web.Request, model: str | None):
         raise ModelNotFound(f"The model '{model}' does not exist; speech-to-text model: {svc.id} "
                             f"(or {', '.join(sorted(ASR_ALIASES))})", "model")
     return svc
-
-
-def _timestamp(t: float, sep: str) -> str:
-    ms = int(round(t * 1000))
-    h, rest = divmod(ms, 3_600_000)
-    m, rest = divmod(rest, 60_000)
-    s, ms = divmod(rest, 1000)
-    return f"{h:02d}:{m:02d}:{s:02d}{sep}{ms:03d}"
-
-
-def subtitles(segments: list[dict], fmt: str) -> str:
-    """SRT or WebVTT text for timed segments."""
-    if fmt == "srt":
-        return "".join(f"{i + 1}\n{_timestamp(s['start'], ',')} --> {_timestamp(s['end'], ',')}\n{s['text']}\n\n"
-                       for i, s in enumerate(segments))
-    return "WEBVTT\n\n" + "".join(f"{_timestamp(s['start'], '.')} --> {_timestamp(s['end'], '.')}\n{s['text']}\n\n"
-                                  for s in segments)
 
 
 async def _transcribe(request: web.Request, task: str) -> web.Response:
@@ -130,23 +115,18 @@ async def speech(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest(f"response_format must be one of {', '.join(audio.FORMATS)}, got {fmt!r}",
                              "response_format")
     svc.voice_id(voice)  # an unknown voice is a 400 before any audio is made
-    sentences = svc.sentences(text)
     if fmt in ("pcm", "mp3", "aac"):
         # formats whose pieces concatenate: the first sentence leaves before the last is synthesized
         resp = web.StreamResponse(headers={"Content-Type": audio.FORMATS[fmt][2]})
         await resp.prepare(request)
-        for sentence in sentences:
-            samples, rate = await svc.synthesize(sentence, voice, speed)
+        async for samples, rate in svc.sentences_audio(text, voice, speed):
             data, _ = await asyncio.to_thread(audio.encode, samples, rate, fmt)
             await resp.write(data)
         await resp.write_eof()
         return resp
-    import numpy as np
-    parts, rate = [], 22050
-    for sentence in sentences:
-        samples, rate = await svc.synthesize(sentence, voice, speed)
-        parts.append(samples)
-    data, content_type = await asyncio.to_thread(audio.encode, np.concatenate(parts), rate, fmt)
+    parts = [(samples, rate) async for samples, rate in svc.sentences_audio(text, voice, speed)]
+    rate = parts[0][1]
+    data, content_type = await asyncio.to_thread(audio.encode, np.concatenate([p for p, _ in parts]), rate, fmt)
     return web.Response(body=data, content_type=content_type.split(";")[0])
 
 

@@ -27,7 +27,7 @@ def gui(qapp, assets, tmp_path_factory):
     cfg_path = tmp / "llamadesk.toml"
     cfg_path.write_text("# hand-written\n")
     config = load(["--config", str(cfg_path), "--port", "0", "--model", str(assets["tiny"]),
-                   "--models-dir", str(tmp / "models")])
+                   "--models-dir", str(tmp / "models"), "--asr", str(assets["whisper"]), "--tts", str(assets["piper"])])
     loop = qasync.QEventLoop(qapp)
     asyncio.set_event_loop(loop)
     desktop = Desktop(config)
@@ -215,6 +215,48 @@ def test_logs_panel_and_diagnostics(gui):
     logs.copy_diagnostics()
     diag = QGuiApplication.clipboard().text()
     assert "llamadesk 0.1.0" in diag and "llama.cpp:" in diag and '"streams"' in diag
+
+
+def test_speech_studio_speaks_transcribes_and_draws_spans(gui):
+    import pyqtgraph as pg
+    panel = gui.window.panels["Speech"]
+    panel.refresh()
+    assert panel.speak_button.isEnabled() and "joe" in [panel.voice.itemText(i) for i in range(panel.voice.count())]
+    panel.text.setPlainText("The weather is nice today. Please open the window.")
+
+    async def scenario():
+        spoken = next_signal(gui.bridge.speech_ready)
+        panel.speak()
+        await spoken
+        heard = next_signal(gui.bridge.transcript_ready)
+        panel.transcribe_last_speech()
+        return (await heard)[1]
+    result = gui.run_loop(scenario())
+    assert len(panel.last_speech["samples"]) / panel.last_speech["rate"] > 2.0
+    assert "weather" in result["text"].lower() and "window" in result["text"].lower()
+    assert panel.table.rowCount() == len(result["segments"]) >= 1
+    regions = [i for i in panel.wave.getPlotItem().items if isinstance(i, pg.LinearRegionItem)]
+    assert len(regions) == len(result["spans"]) >= 1
+    srt = panel.subtitles("srt")
+    assert srt.startswith("1\n00:00:0") and "-->" in srt and panel.subtitles("vtt").startswith("WEBVTT")
+
+
+def test_chat_mic_fills_the_input_and_speaker_reads_the_reply(gui):
+    chat = gui.window.panels["Chat"]
+    studio = gui.window.panels["Speech"]
+    chat.new_chat()
+    chat.messages.append({"role": "assistant", "content": "<think>hm</think>Please open the window.", "meta": ""})
+
+    async def scenario():
+        spoken = next_signal(gui.bridge.speech_ready)
+        assert chat.read_aloud()
+        await spoken
+        heard = next_signal(gui.bridge.transcript_ready)
+        chat.transcribe_into_input(chat.last_speech["wav"])
+        await heard
+    gui.run_loop(scenario())
+    assert "window" in chat.input.toPlainText().lower()
+    assert studio.transcript is None or studio.transcript["text"]  # the studio ignores the chat's requests
 
 
 def test_a_second_launch_activates_the_first(qapp):

@@ -26,9 +26,11 @@ def split_reasoning(text: str) -> tuple[str, str]:
 class ChatPanel(QWidget):
     """Talk to a served model through the same facade the HTTP routes use."""
 
-    def __init__(self, bridge):
+    def __init__(self, bridge, audio_io=None):
         super().__init__()
         self.bridge = bridge
+        self.audio_io = audio_io
+        self._speech_ids: set[str] = set()
         self.messages: list[dict] = []  # {"role", "content", "meta"}
         self.current: str | None = None  # the running chat id
         self.expanded: set[int] = set()
@@ -46,6 +48,12 @@ class ChatPanel(QWidget):
         self.send_button = QPushButton("Send")
         self.stop_button = QPushButton("Stop")
         self.stop_button.setEnabled(False)
+        self.mic_button = QPushButton("🎤")
+        self.mic_button.setToolTip("Record a message (transcribed with the speech-to-text model)")
+        self.speaker_button = QPushButton("🔊")
+        self.speaker_button.setToolTip("Read the last reply aloud (text-to-speech model)")
+        self.mic_button.clicked.connect(self.toggle_mic)
+        self.speaker_button.clicked.connect(self.read_aloud)
         self.status = QLabel()
         new = QPushButton("New chat")
         copy = QPushButton("Copy")
@@ -101,6 +109,10 @@ class ChatPanel(QWidget):
         col = QVBoxLayout()
         col.addWidget(self.send_button)
         col.addWidget(self.stop_button)
+        audio_row = QHBoxLayout()
+        audio_row.addWidget(self.mic_button)
+        audio_row.addWidget(self.speaker_button)
+        col.addLayout(audio_row)
         send_row.addLayout(col)
         main = QWidget()
         main_layout = QVBoxLayout(main)
@@ -118,6 +130,10 @@ class ChatPanel(QWidget):
         bridge.chat_done.connect(self.on_chat_done)
         bridge.chat_error.connect(self.on_chat_error)
         bridge.models_changed.connect(self.on_models_changed)
+        bridge.speech_ready.connect(self.on_speech_ready)
+        bridge.transcript_ready.connect(self.on_transcript_ready)
+        if audio_io is not None:
+            audio_io.recorded.connect(self.on_recorded)
         self.on_models_changed()
 
     # ---- building a request ----------------------------------------------------------------
@@ -191,11 +207,53 @@ class ChatPanel(QWidget):
         if svc is None:
             return
         for m in svc.models():
-            if m["kind"] == "llm":
+            if m["kind"] == "llm":  # speech and embedding models do not chat
                 self.model.addItem(m["id"] + (" (default)" if m["default"] else ""), m["id"])
         idx = self.model.findData(current)
         if idx >= 0:
             self.model.setCurrentIndex(idx)
+
+    # ---- voice ---------------------------------------------------------------------------------
+
+    def toggle_mic(self) -> None:
+        if self.audio_io is None:
+            return
+        if self.audio_io.recording:
+            self.audio_io.stop_recording()
+            self.mic_button.setText("🎤")
+        elif self.audio_io.start_recording():
+            self.mic_button.setText("■")
+
+    def on_recorded(self, wav: bytes) -> None:
+        if self.isVisible():
+            self.transcribe_into_input(wav)
+
+    def transcribe_into_input(self, wav: bytes) -> str:
+        """Speech to text into the input box (the mic button's second half)."""
+        rid = self.bridge.transcribe(wav)
+        self._speech_ids.add(rid)
+        return rid
+
+    def on_transcript_ready(self, rid: str, result: dict) -> None:
+        if rid in self._speech_ids:
+            self._speech_ids.discard(rid)
+            self.input.setPlainText(result["text"])
+
+    def read_aloud(self) -> str | None:
+        """Speak the last reply (its answer, not its reasoning)."""
+        text = split_reasoning(self.reply_text())[1].strip()
+        if not text:
+            return None
+        rid = self.bridge.synthesize(text[:4000])
+        self._speech_ids.add(rid)
+        return rid
+
+    def on_speech_ready(self, rid: str, result: dict) -> None:
+        if rid in self._speech_ids:
+            self._speech_ids.discard(rid)
+            self.last_speech = result
+            if self.audio_io is not None and self.audio_io.available:
+                self.audio_io.play(result["wav"])
 
     def on_anchor_clicked(self, url: QUrl) -> None:
         if url.scheme() == "think":

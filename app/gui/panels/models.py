@@ -51,6 +51,19 @@ class ModelCard(QFrame):
             self.values["state"].setText(stats["state"])
 
 
+def _speech_card(model: dict) -> QFrame:
+    """A speech model: what it is and where it lives (started with --asr/--tts)."""
+    card = QFrame()
+    card.setFrameShape(QFrame.Shape.StyledPanel)
+    what = "speech to text" if model["kind"] == "asr" else "text to speech"
+    extra = (f"voices: {', '.join(model['voices'])}" if model["kind"] == "tts"
+             else ("translates" if model.get("can_translate") else "transcribes (no translation)"))
+    label = QLabel(f"<b>{model['id']}</b> · {what} ({model['type']}) · {extra}<br>{model['path']}")
+    label.setWordWrap(True)
+    QHBoxLayout(card).addWidget(label)
+    return card
+
+
 class ModelsPanel(QWidget):
     """The roster as cards."""
 
@@ -99,7 +112,10 @@ class ModelsPanel(QWidget):
         if not models:
             self.cards.addWidget(QLabel("No model is served yet: open a GGUF, or download one in the Catalog."))
         for m in models:
-            self.cards.addWidget(ModelCard(m, self._stats.get(m["id"]), self.bridge))
+            if m["kind"] in ("asr", "tts"):
+                self.cards.addWidget(_speech_card(m))
+            else:
+                self.cards.addWidget(ModelCard(m, self._stats.get(m["id"]), self.bridge))
 
     def card_names(self) -> list[str]:
         return [self.cards.itemAt(i).widget().name for i in range(self.cards.count())

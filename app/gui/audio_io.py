@@ -1,0 +1,100 @@
+"""Playing and recording audio in the app (QtMultimedia), when the platform has it.
+
+QtMultimedia comes with PySide6-Addons and needs the system's audio stack (PulseAudio/PipeWire on
+Linux); without them the Speech studio still synthesizes, saves, opens and transcribes files, and its
+Play/Record buttons say why they are off.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import tempfile
+import wave
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QObject, QUrl, Signal
+
+log = logging.getLogger("llamadesk.gui")
+
+try:
+    from PySide6.QtMultimedia import QAudioFormat, QAudioOutput, QAudioSource, QMediaDevices, QMediaPlayer
+    UNAVAILABLE: str | None = None
+except ImportError as e:  # no QtMultimedia, or no system audio library
+    UNAVAILABLE = f"audio playback and recording are off: {e}"
+
+
+def wav_bytes(samples: np.ndarray, rate: int) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+class AudioIO(QObject):
+    """One player and one microphone recorder for the whole app."""
+
+    recorded = Signal(bytes)  # a WAV file of what was recorded
+    problem = Signal(str)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._player = None
+        self._source = None
+        self._buffer: QBuffer | None = None
+        self._tmp = Path(tempfile.mkdtemp(prefix="llamadesk-audio-"))
+
+    @property
+    def available(self) -> bool:
+        return UNAVAILABLE is None
+
+    def play(self, wav: bytes) -> None:
+        """Play a WAV file (replacing whatever plays)."""
+        if UNAVAILABLE:
+            self.problem.emit(UNAVAILABLE)
+            return
+        if self._player is None:
+            self._player = QMediaPlayer(self)
+            self._output = QAudioOutput(self)
+            self._player.setAudioOutput(self._output)
+        path = self._tmp / "playback.wav"
+        path.write_bytes(wav)
+        self._player.stop()
+        self._player.setSource(QUrl.fromLocalFile(str(path)))
+        self._player.play()
+
+    def start_recording(self) -> bool:
+        """Record 16 kHz mono from the default microphone until stop_recording()."""
+        if UNAVAILABLE:
+            self.problem.emit(UNAVAILABLE)
+            return False
+        device = QMediaDevices.defaultAudioInput()
+        if device.isNull():
+            self.problem.emit("no microphone found")
+            return False
+        fmt = QAudioFormat()
+        fmt.setSampleRate(16000)
+        fmt.setChannelCount(1)
+        fmt.setSampleFormat(QAudioFormat.SampleFormat.Int16)
+        self._buffer = QBuffer(QByteArray(), self)
+        self._buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+        self._source = QAudioSource(device, fmt, self)
+        self._source.start(self._buffer)
+        return True
+
+    def stop_recording(self) -> None:
+        """Stop and emit `recorded` with the take as a WAV file."""
+        if self._source is None:
+            return
+        self._source.stop()
+        pcm = bytes(self._buffer.data())
+        self._source = None
+        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768
+        self.recorded.emit(wav_bytes(samples, 16000))
+
+    @property
+    def recording(self) -> bool:
+        return self._source is not None

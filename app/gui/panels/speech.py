@@ -1,0 +1,219 @@
+"""Speech studio: text to speech (voice, speed, play, save) and speech to text (open a file or record,
+waveform with the VAD's speech spans, transcript with timestamps, export srt/vtt)."""
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
+                               QPlainTextEdit, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+
+from engine.speech import audio
+from engine.speech.services import OPENAI_VOICES
+from engine.speech.subtitles import subtitles
+
+
+class SpeechPanel(QWidget):
+    """Both directions of speech, through the same facade as /v1/audio/*."""
+
+    def __init__(self, bridge, audio_io):
+        super().__init__()
+        self.bridge = bridge
+        self.audio_io = audio_io
+        self.last_speech: dict | None = None
+        self.transcript: dict | None = None
+        self._pending: set[str] = set()
+
+        # text to speech
+        self.text = QPlainTextEdit()
+        self.text.setPlaceholderText("Text to speak")
+        self.voice = QComboBox()
+        self.speed = QDoubleSpinBox()
+        self.speed.setRange(0.25, 4.0)
+        self.speed.setSingleStep(0.05)
+        self.speed.setValue(1.0)
+        self.format = QComboBox()
+        self.format.addItems(list(audio.FORMATS))
+        self.speak_button = QPushButton("Speak")
+        self.save_button = QPushButton("Save…")
+        self.speak_button.clicked.connect(self.speak)
+        self.save_button.clicked.connect(self.ask_save)
+        tts_row = QHBoxLayout()
+        for label, w in (("voice", self.voice), ("speed", self.speed), ("format", self.format)):
+            tts_row.addWidget(QLabel(label))
+            tts_row.addWidget(w)
+        tts_row.addStretch(1)
+        tts_row.addWidget(self.speak_button)
+        tts_row.addWidget(self.save_button)
+        tts_box = QGroupBox("Text to speech")
+        tts_layout = QVBoxLayout(tts_box)
+        tts_layout.addWidget(self.text)
+        tts_layout.addLayout(tts_row)
+
+        # speech to text
+        self.open_button = QPushButton("Open audio…")
+        self.record_button = QPushButton("Record")
+        self.use_speech_button = QPushButton("Transcribe what was spoken above")
+        self.export_srt = QPushButton("Export .srt…")
+        self.export_vtt = QPushButton("Export .vtt…")
+        self.open_button.clicked.connect(self.ask_open)
+        self.record_button.clicked.connect(self.toggle_recording)
+        self.use_speech_button.clicked.connect(self.transcribe_last_speech)
+        self.export_srt.clicked.connect(lambda: self.ask_export("srt"))
+        self.export_vtt.clicked.connect(lambda: self.ask_export("vtt"))
+        if not audio_io.available:
+            self.record_button.setEnabled(False)
+            self.record_button.setToolTip(str(audio_io_unavailable()))
+        self.wave = pg.PlotWidget()
+        self.wave.setBackground(None)
+        self.wave.setMouseEnabled(False, False)
+        self.wave.hideButtons()
+        self.wave.setMinimumHeight(140)
+        self.wave.getPlotItem().setLabel("bottom", "seconds")
+        self.table = QTableWidget(0, 3)
+        self.table.setHorizontalHeaderLabels(["start", "end", "text"])
+        self.table.horizontalHeader().setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        self.table.verticalHeader().setVisible(False)
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        asr_row = QHBoxLayout()
+        for b in (self.open_button, self.record_button, self.use_speech_button):
+            asr_row.addWidget(b)
+        asr_row.addStretch(1)
+        asr_row.addWidget(self.export_srt)
+        asr_row.addWidget(self.export_vtt)
+        asr_box = QGroupBox("Speech to text")
+        asr_layout = QVBoxLayout(asr_box)
+        asr_layout.addLayout(asr_row)
+        asr_layout.addWidget(self.wave)
+        asr_layout.addWidget(self.table, 1)
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(tts_box)
+        layout.addWidget(asr_box, 1)
+        layout.addWidget(self.status)
+        bridge.speech_ready.connect(self.on_speech_ready)
+        bridge.transcript_ready.connect(self.on_transcript_ready)
+        bridge.speech_error.connect(self.on_speech_error)
+        bridge.models_changed.connect(self.refresh)
+        bridge.reloaded.connect(self.refresh)
+        audio_io.recorded.connect(self.on_recorded)
+        audio_io.problem.connect(self.status.setText)
+        self.refresh()
+
+    def refresh(self) -> None:
+        svc = self.bridge.service
+        tts = svc.tts if svc else None
+        asr = svc.asr if svc else None
+        self.voice.clear()
+        if tts is not None:
+            self.voice.addItems(tts.model.voices + [v for v in OPENAI_VOICES])
+        for w in (self.speak_button, self.save_button, self.voice):
+            w.setEnabled(tts is not None)
+        for w in (self.open_button, self.use_speech_button):
+            w.setEnabled(asr is not None)
+        missing = [k for k, s in (("text-to-speech", tts), ("speech-to-text", asr)) if s is None]
+        self.status.setText(f"no {' or '.join(missing)} model loaded: start with --tts / --asr or use the Catalog"
+                            if missing else "")
+
+    # ---- text to speech ----------------------------------------------------------------------
+
+    def speak(self, then_save: str | None = None) -> str | None:
+        text = self.text.toPlainText().strip()
+        if not text:
+            return None
+        rid = self.bridge.synthesize(text, self.voice.currentText() or None, self.speed.value())
+        self._pending.add(rid)
+        self._save_to = then_save
+        self.status.setText("synthesizing…")
+        return rid
+
+    def on_speech_ready(self, rid: str, result: dict) -> None:
+        if rid not in self._pending:
+            return
+        self._pending.discard(rid)
+        self.last_speech = result
+        seconds = len(result["samples"]) / result["rate"]
+        self.status.setText(f"{seconds:.1f} s of speech")
+        if self._save_to:
+            data, _ = audio.encode(result["samples"], result["rate"], self.format.currentText())
+            with open(self._save_to, "wb") as f:
+                f.write(data)
+            self.status.setText(f"saved {seconds:.1f} s to {self._save_to}")
+        elif self.audio_io.available:
+            self.audio_io.play(result["wav"])
+
+    def ask_save(self) -> None:
+        fmt = self.format.currentText()
+        dlg = QFileDialog(self, "Save speech", f"speech.{fmt}")
+        dlg.setAcceptMode(QFileDialog.AcceptMode.AcceptSave)
+        dlg.fileSelected.connect(lambda path: self.speak(then_save=path))
+        dlg.open()
+
+    # ---- speech to text ----------------------------------------------------------------------
+
+    def transcribe_bytes(self, data: bytes) -> str:
+        rid = self.bridge.transcribe(data)
+        self._pending.add(rid)
+        self.status.setText("transcribing…")
+        return rid
+
+    def transcribe_last_speech(self) -> None:
+        if self.last_speech is not None:
+            self.transcribe_bytes(self.last_speech["wav"])
+
+    def ask_open(self) -> None:
+        dlg = QFileDialog(self, "Open audio", "", "Audio (*.wav *.mp3 *.m4a *.mp4 *.ogg *.opus *.flac *.webm);;All (*)")
+        dlg.setFileMode(QFileDialog.FileMode.ExistingFile)
+        dlg.fileSelected.connect(lambda path: self.transcribe_bytes(open(path, "rb").read()))
+        dlg.open()
+
+    def toggle_recording(self) -> None:
+        if self.audio_io.recording:
+            self.audio_io.stop_recording()
+            self.record_button.setText("Record")
+        elif self.audio_io.start_recording():
+            self.record_button.setText("Stop recording")
+
+    def on_recorded(self, wav: bytes) -> None:
+        if self.isVisible():
+            self.transcribe_bytes(wav)
+
+    def on_transcript_ready(self, rid: str, result: dict) -> None:
+        if rid not in self._pending:
+            return
+        self._pending.discard(rid)
+        self.transcript = result
+        samples = result["samples"]
+        step = max(1, len(samples) // 4000)  # enough points for the width of a window
+        self.wave.clear()
+        self.wave.plot(np.arange(0, len(samples), step) / 16000, samples[::step], pen=pg.mkPen("#5b6cff"))
+        for start, end in result["spans"]:
+            region = pg.LinearRegionItem((start, end), movable=False, brush=pg.mkBrush(46, 204, 113, 60))
+            self.wave.addItem(region)
+        segs = result["segments"]
+        self.table.setRowCount(len(segs))
+        for r, s in enumerate(segs):
+            for c, text in enumerate((f"{s['start']:.2f}", f"{s['end']:.2f}", s["text"])):
+                self.table.setItem(r, c, QTableWidgetItem(text))
+        self.status.setText(f"{result['duration']:.1f} s, {len(result['spans'])} speech spans, {len(segs)} segments")
+
+    def on_speech_error(self, rid: str, message: str) -> None:
+        if rid in self._pending:
+            self._pending.discard(rid)
+            self.status.setText(message)
+
+    def subtitles(self, fmt: str) -> str:
+        return subtitles(self.transcript["segments"], fmt) if self.transcript else ""
+
+    def ask_export(self, fmt: str) -> None:
+        if not self.transcript:
+            return
+        dlg = QFileDialog(self, f"Export .{fmt}", f"transcript.{fmt}")
+        dlg.setAcceptMode(QFileDialog.AcceptMode.AcceptSave)
+        dlg.fileSelected.connect(lambda path: open(path, "w", encoding="utf-8").write(self.subtitles(fmt)))
+        dlg.open()
+
+
+def audio_io_unavailable() -> str | None:
+    from app.gui.audio_io import UNAVAILABLE
+    return UNAVAILABLE
