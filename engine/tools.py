@@ -402,55 +402,57 @@ def schema_grammar(schema: dict, prefix: str = "", suffix: str = "") -> str:
     return gbnf + f"\nroot ::= {json.dumps(prefix)} payload {json.dumps(suffix)}\n"
 
 
+def _replay_as_text(messages: list[dict], result_text, calls_text) -> list[dict]:
+    """Tool results and assistant tool_calls turns rewritten as plain turns (templates without tool support)."""
+    out: list[dict] = []
+    for m in messages:
+        if m.get("role") == "tool":
+            out.append({"role": "user", "content": result_text(m)})
+        elif m.get("role") == "assistant" and m.get("tool_calls"):
+            out.append({"role": "assistant", "content": calls_text(m["tool_calls"])})
+        else:
+            out.append(m)
+    return out
+
+
+def _with_spec(messages: list[dict], spec: str | None) -> list[dict]:
+    """The tool description appended to the system message (one is added when there is none)."""
+    if not spec:
+        return messages
+    if messages and messages[0].get("role") in ("system", "developer"):
+        first = {**messages[0], "role": "system", "content": _text(messages[0].get("content")) + "\n\n" + spec}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": spec}, *messages]
+
+
 def _generic_messages(messages: list[dict], fns: list[dict], choice: str) -> list[dict]:
-    """Tool definitions (if any) into the system prompt; tool turns rewritten as plain text turns."""
+    """Tool definitions (if any) into the system prompt; tool turns rewritten as JSON and text."""
     how = ('Reply with one JSON object: {"tool_calls": [{"name": <tool name>, "arguments": {...}}]} '
            "to call tools")
     how += "." if choice in ("required",) or choice.startswith("fn:") else ', or {"response": "<your answer>"} to answer.'
-    spec = "You can call these tools:\n" + json.dumps(fns, ensure_ascii=False) + "\n" + how
-    out: list[dict] = []
-    for m in messages:
-        role = m.get("role")
-        if role == "tool":
-            out.append({"role": "user", "content": f"Tool result ({m.get('name') or m.get('tool_call_id', 'tool')}): "
-                                                   f"{_text(m.get('content'))}"})
-        elif role == "assistant" and m.get("tool_calls"):
-            calls = [{"name": c["function"]["name"], "arguments": _args(c["function"].get("arguments"))}
-                     for c in m["tool_calls"]]
-            out.append({"role": "assistant", "content": json.dumps({"tool_calls": calls}, ensure_ascii=False)})
-        else:
-            out.append(m)
-    if not fns:
-        return out
-    if out and out[0].get("role") in ("system", "developer"):
-        out[0] = {**out[0], "role": "system", "content": _text(out[0].get("content")) + "\n\n" + spec}
-    else:
-        out.insert(0, {"role": "system", "content": spec})
-    return out
+    spec = "You can call these tools:\n" + json.dumps(fns, ensure_ascii=False) + "\n" + how if fns else None
+    replayed = _replay_as_text(
+        messages,
+        lambda m: f"Tool result ({m.get('name') or m.get('tool_call_id', 'tool')}): {_text(m.get('content'))}",
+        lambda calls: json.dumps({"tool_calls": [{"name": c["function"]["name"],
+                                                   "arguments": _args(c["function"].get("arguments"))}
+                                                  for c in calls]}, ensure_ascii=False))
+    return _with_spec(replayed, spec)
 
 
 def _gemma_messages(messages: list[dict], fns: list[dict]) -> list[dict]:
     """Gemma's convention: tools described up front, calls in ```tool_code, results in ```tool_output."""
     spec = ("You can call these functions:\n" + json.dumps(fns, ensure_ascii=False) + "\nTo call one, reply with a "
-            "Python call in a tool_code block, for example:\n```tool_code\nfunction_name(argument=\"value\")\n```")
-    out: list[dict] = []
-    for m in messages:
-        if m.get("role") == "tool":
-            out.append({"role": "user", "content": f"```tool_output\n{_text(m.get('content'))}\n```"})
-        elif m.get("role") == "assistant" and m.get("tool_calls"):
-            code = "\n".join(f"{c['function']['name']}(" + ", ".join(
-                f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in (_args(c["function"].get("arguments")) or {}).items())
-                + ")" for c in m["tool_calls"])
-            out.append({"role": "assistant", "content": f"```tool_code\n{code}\n```"})
-        else:
-            out.append(m)
-    if not fns:
-        return out
-    if out and out[0].get("role") in ("system", "developer"):
-        out[0] = {**out[0], "role": "system", "content": _text(out[0].get("content")) + "\n\n" + spec}
-    else:
-        out.insert(0, {"role": "system", "content": spec})
-    return out
+            "Python call in a tool_code block, for example:\n```tool_code\nfunction_name(argument=\"value\")\n```"
+            ) if fns else None
+
+    def code(calls: list[dict]) -> str:
+        lines = [f"{c['function']['name']}(" + ", ".join(
+            f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in (_args(c["function"].get("arguments")) or {}).items())
+            + ")" for c in calls]
+        return "```tool_code\n" + "\n".join(lines) + "\n```"
+    replayed = _replay_as_text(messages, lambda m: f"```tool_output\n{_text(m.get('content'))}\n```", code)
+    return _with_spec(replayed, spec)
 
 
 def _python_call_grammar(fns: list[dict]) -> str:

@@ -6,14 +6,14 @@ Play/Record buttons say why they are off.
 """
 from __future__ import annotations
 
-import io
 import logging
 import tempfile
-import wave
 from pathlib import Path
 
 import numpy as np
 from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QObject, QUrl, Signal
+
+from engine.speech.audio import encode
 
 log = logging.getLogger("llamadesk.gui")
 
@@ -25,13 +25,8 @@ except ImportError as e:  # no QtMultimedia, or no system audio library
 
 
 def wav_bytes(samples: np.ndarray, rate: int) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
-    return buf.getvalue()
+    """A 16-bit WAV file of samples."""
+    return encode(samples, rate, "wav")[0]
 
 
 class AudioIO(QObject):

@@ -204,13 +204,19 @@ def _one(d: Path, pattern: str) -> str | None:
     return str(hits[0]) if hits else None
 
 
-def sniff_asr(path: Path) -> AsrModel:
-    """Recognise the model type from the files in a directory (or beside a file)."""
+def _model_dir(path: Path, what: str) -> Path:
+    """The directory holding a model (the one given, or the one around a given file)."""
     d = Path(path)
     if d.is_file():
         d = d.parent
     if not d.is_dir():
-        raise ModelLoadError(f"ASR model not found: {path}")
+        raise ModelLoadError(f"{what} model not found: {path}")
+    return d
+
+
+def sniff_asr(path: Path) -> AsrModel:
+    """Recognise the model type from the files in a directory (or beside a file)."""
+    d = _model_dir(path, "ASR")
     tokens = _one(d, "*tokens.txt")
     enc, dec, joiner = _one(d, "*encoder*.onnx"), _one(d, "*decoder*.onnx"), _one(d, "*joiner*.onnx")
     if _one(d, "preprocess*.onnx") and tokens:
@@ -328,11 +334,7 @@ class TtsModel:
 
 def sniff_tts(path: Path) -> TtsModel:
     """Recognise a Piper/VITS voice (the types that take phonemes from piper-phonemize here)."""
-    d = Path(path)
-    if d.is_file():
-        d = d.parent
-    if not d.is_dir():
-        raise ModelLoadError(f"TTS model not found: {path}")
+    d = _model_dir(path, "TTS")
     tokens = _one(d, "tokens.txt")
     if _one(d, "voices.bin"):
         kind = "kokoro" if "kokoro" in d.name.lower() else "kitten"

@@ -48,12 +48,14 @@ def _envelope(gen: Generation, cid: str, obj: str, choices: list[dict]) -> dict:
             "choices": choices}
 
 
-async def _start(request: web.Request, submit, n: int, seed: int | None) -> list[Generation]:
-    """Submit n generations (seeds seed, seed+1, ... when a seed is given)."""
+async def _start(call, req, n: int) -> list[Generation]:
+    """Submit req n times through call (the facade's chat or complete), seeds seed, seed+1, ... when given."""
     gens: list[Generation] = []
+    seed = req.sampling.seed
     try:
         for i in range(n):
-            gens.append(await submit(i if seed is None else seed + i))
+            sampling = dataclasses.replace(req.sampling, seed=None if seed is None else seed + i)
+            gens.append(await call(dataclasses.replace(req, sampling=sampling)))
     except BaseException:
         for g in gens:
             g.cancel()
@@ -174,11 +176,7 @@ class _ChatChoice:
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req, opts = schemas.chat_request(await schemas.read_json(request))
-    svc = request.app[SERVICE]
-
-    def submit(seed: int | None):
-        return svc.chat(dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, seed=seed)))
-    gens = await _start(request, submit, opts.n, req.sampling.seed)
+    gens = await _start(request.app[SERVICE].chat, req, opts.n)
     cid = f"chatcmpl-{gens[0].id}"
     choices = [_ChatChoice(g, opts.parallel_tool_calls) for g in gens]
     if opts.stream:
@@ -247,11 +245,7 @@ def _completion_logprobs(entries: list[dict], offset: int) -> dict:
 @routes.post("/v1/completions")
 async def completions(request: web.Request) -> web.StreamResponse:
     req, opts = schemas.completion_request(await schemas.read_json(request))
-    svc = request.app[SERVICE]
-
-    def submit(seed: int | None):
-        return svc.complete(dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, seed=seed)))
-    gens = await _start(request, submit, opts.n, req.sampling.seed)
+    gens = await _start(request.app[SERVICE].complete, req, opts.n)
     cid = f"cmpl-{gens[0].id}"
     prefix = req.prompt if req.echo and isinstance(req.prompt, str) else ""
     if opts.stream:

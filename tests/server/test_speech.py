@@ -3,19 +3,17 @@ Silero VAD — all real sherpa-onnx models, audio encoded and decoded by FFmpeg 
 from __future__ import annotations
 
 import concurrent.futures
-import io
 import json
 import re
 import time
 import urllib.error
 import urllib.request
-import wave
 
 import numpy as np
 import openai
 import pytest
 
-from engine.speech.audio import decode
+from engine.speech.audio import decode, encode
 from tests.conftest import LiveServer
 
 SENTENCES = ["The weather is nice today.", "I would like a cup of coffee.", "Please open the window."]
@@ -50,13 +48,7 @@ def speak(server, text: str, fmt: str = "wav", **kw) -> bytes:
 
 
 def wav_bytes(samples: np.ndarray, rate: int) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
-    return buf.getvalue()
+    return encode(np.asarray(samples, np.float32), rate, "wav")[0]
 
 
 def upload(server, path: str, data: bytes, **fields) -> tuple[int, dict | str]:
