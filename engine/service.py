@@ -371,30 +371,64 @@ class Service:
         return self.downloader.cancel(name)
 
     async def serve(self, name: str) -> dict[str, Any]:
-        """Serve a downloaded catalog entry now: load it in process, make it the default and save
-        the roster as the authoritative config (the next start serves it too)."""
+        """Serve a downloaded catalog entry now, in process: an LLM or embedding model joins the roster as
+        the default (with its speech towers already on disk wired in), an ASR or TTS model replaces the
+        speech model; the result is saved as the authoritative config, so the next start serves it too."""
         e = self.catalog_entry(name)
-        if e.kind not in ("llm", "embedding"):
-            raise InvalidRequest(f"'{name}' is a {e.kind} model; only llm and embedding entries are served "
-                                 "this way", "name")
+        if e.kind not in ("llm", "embedding", "asr", "tts"):
+            raise InvalidRequest(f"'{name}' is a {e.kind} model: it is served as a tower of another entry",
+                                 "name")
+        path = self._downloaded(e)
+        values: dict[str, Any] = {}
+        if e.kind in ("asr", "tts"):
+            await self.set_speech(e.kind, path)
+            values[e.kind] = path
+        else:
+            entry = ModelEntry(name=e.name, path=path, default=True)
+            if name not in self.slots:
+                await self.add_model(entry, make_default=True)
+            self.default_id = name
+            roster = [m for m in self.config.models if m.name != name]
+            for m in roster:
+                m.default = False
+            self.config.models = [entry, *roster]
+        towers = []
+        for t in (self.catalog_entry(t) for t in e.towers):
+            state = cat.local_state(t, self.config.models_dir())
+            wired = False
+            if t.kind in ("asr", "tts") and state["state"] in ("verified", "present"):
+                await self.set_speech(t.kind, state["path"])
+                values[t.kind] = state["path"]
+                wired = True
+            # an mmproj (vision) tower is kept on disk: serving images needs the vision engine
+            towers.append({"name": t.name, "kind": t.kind, "local": state["state"], "wired": wired})
+        self.config.values.update(values)
+        for k in values:
+            self.config.sources[k] = "toml"
+        if self.config.path is not None:
+            await asyncio.to_thread(save_authoritative, self.config.path, values, self.config.models)
+        return {"served": name, "kind": e.kind, "default": e.kind in ("llm", "embedding"),
+                "config": str(self.config.path), "towers": towers}
+
+    def _downloaded(self, e: cat.Entry) -> str:
         state = cat.local_state(e, self.config.models_dir())
         if state["state"] not in ("verified", "present"):
-            raise Conflict(f"'{name}' is not downloaded yet ({state['state']}): POST /catalog/download first")
-        entry = ModelEntry(name=e.name, path=state["path"], default=True)
-        if name not in self.slots:
-            await self.add_model(entry, make_default=True)
-        self.default_id = name
-        towers = []
-        for t in e.towers:  # vision/speech towers are recorded; wiring them needs the vision and speech engines
-            ts = cat.local_state(self.catalog_entry(t), self.config.models_dir())["state"]
-            towers.append({"name": t, "local": ts, "wired": False})
-        roster = [m for m in self.config.models if m.name != name]
-        for m in roster:
-            m.default = False
-        self.config.models = [entry, *roster]
-        if self.config.path is not None:
-            await asyncio.to_thread(save_authoritative, self.config.path, {}, self.config.models)
-        return {"served": name, "default": True, "config": str(self.config.path), "towers": towers}
+            raise Conflict(f"'{e.name}' is not downloaded yet ({state['state']}): POST /catalog/download first")
+        return state["path"]
+
+    async def set_speech(self, kind: str, path: str) -> None:
+        """Replace the ASR or TTS model in process (built off the loop; the old one is closed)."""
+        from engine.speech.services import AsrService, TtsService
+        if kind == "asr":
+            svc = await asyncio.to_thread(AsrService, Path(path), self.config.asr_workers, self.vad)
+        else:
+            svc = await asyncio.to_thread(TtsService, Path(path))
+        old = getattr(self, kind)
+        self.speech_errors.pop(kind, None)
+        setattr(self, kind, svc)
+        if old is not None:
+            old.pool.close()
+        log.info("%s now serves %s", kind.upper(), svc.id)
 
     async def import_gguf(self, path: str) -> dict[str, Any]:
         """Copy a GGUF from disk into models_dir so the catalog lists it (checked to be a GGUF first)."""

@@ -259,6 +259,23 @@ def test_chat_mic_fills_the_input_and_speaker_reads_the_reply(gui):
     assert studio.transcript is None or studio.transcript["text"]  # the studio ignores the chat's requests
 
 
+def test_catalog_panel_lists_filters_and_badges(gui):
+    from engine.catalog import load_catalog
+    panel = gui.window.panels["Catalog"]
+    gui.window.show_panel("Catalog")
+    entries = load_catalog()
+    assert panel.table.rowCount() == len(entries)
+    panel.kind.setCurrentText("asr")
+    assert panel.table.rowCount() == sum(e.kind == "asr" for e in entries)
+    panel.kind.setCurrentText("all kinds")
+    panel.filter.setText("qwen3")
+    shown = [panel.table.item(r, 0).text() for r in range(panel.table.rowCount())]
+    assert shown and all("qwen3" in n for n in shown)
+    assert {panel.table.item(r, 4).text() for r in range(panel.table.rowCount())} <= {"fits", "tight", "too big"}
+    assert "GiB RAM" in panel.box.text()
+    panel.filter.setText("")
+
+
 def test_a_second_launch_activates_the_first(qapp):
     first = InstanceGuard("llamadesk-test-guard")
     assert first.listen()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -43,6 +44,17 @@ size = {len(data)}
 ctx = 8192
 tool_format = "generic"
 kv_bytes_per_token = 1024
+towers = ["voice"]
+
+[[model]]
+name = "voice"
+kind = "tts"
+family = "piper"
+file = "voice.tar.bz2"
+archive = "tar.bz2"
+url = "https://example.invalid/voice.tar.bz2"
+sha256 = "{"0" * 64}"
+size = 1000
 ''')
     srv = LiveServer(["--catalog-path", str(catalog), "--catalog-mirror", files.url,
                       "--models-dir", str(tmp_path / "models")], "# my settings\nport = 9\n", tmp_path)
@@ -51,7 +63,7 @@ kv_bytes_per_token = 1024
     files.close()
 
 
-def test_download_then_serve_in_process(setup_server, tmp_path):
+def test_download_then_serve_in_process(setup_server, tmp_path, assets):
     srv = setup_server
     assert srv.get("/health")["status"] == "setup"
     with pytest.raises(openai.InternalServerError) as e:
@@ -73,9 +85,18 @@ def test_download_then_serve_in_process(setup_server, tmp_path):
     assert entry["download"]["status"] == "done", entry["download"]
     assert entry["local"]["state"] == "verified" and entry["fit"] == "fits"
 
+    # the TTS tower is already on disk (as an earlier download would have left it): serving wires it in
+    shutil.copytree(assets["piper"], tmp_path / "models" / "voice")
+    assert srv.get("/v1/stats")["tts"]["state"] == "off"
     status, body = call(srv, "POST", "/catalog/serve", {"name": "tiny"})
     assert status == 200, body
+    assert body["towers"] == [{"name": "voice", "kind": "tts", "local": "present", "wired": True}]
     assert srv.get("/health")["status"] == "ok"
+    assert srv.get("/v1/audio/voices")["voices"] == ["joe"]
+    speech = srv.client().audio.speech.create(model="tts-1", voice="alloy", input="Hello there.").read()
+    assert speech[:4] == b"RIFF"
+    status, body = call(srv, "POST", "/catalog/serve", {"name": "voice"})  # a speech entry on its own
+    assert status == 200 and body["kind"] == "tts" and not body["default"]
     r = srv.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                              max_tokens=4)
     assert r.model == "tiny" and r.usage.completion_tokens >= 1
@@ -85,6 +106,7 @@ def test_download_then_serve_in_process(setup_server, tmp_path):
     assert "# my settings" in saved and "authoritative = true" in saved
     cfg = load(["--config", str(tmp_path / "llamadesk.toml"), "--port", "1234"])
     assert [m.name for m in cfg.models] == ["tiny"] and cfg.models[0].default
+    assert (cfg.tts, cfg.sources["tts"]) == (str(tmp_path / "models" / "voice"), "toml")
     assert (cfg.port, cfg.sources["port"]) == (9, "toml")  # authoritative: the file wins over the flag
 
 
