@@ -1,10 +1,19 @@
-"""llamadesk's own routes: health and what the engine is doing."""
+"""llamadesk's own routes: health, what the engine is doing (stats, streams, Prometheus metrics),
+the model roster (load, unload, activate) and the configuration."""
 from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
 
 from aiohttp import web
 
+from engine.config import OPTIONS, ConfigError, ModelEntry, save_authoritative
+from engine.errors import InvalidRequest
 from engine.service import VERSION
+from server.access import loopback_only
 from server.keys import SERVICE
+from server.schemas import Fields, read_json
 
 routes = web.RouteTableDef()
 
@@ -22,3 +31,123 @@ async def stats(request: web.Request) -> web.Response:
 @routes.get("/v1/streams")
 async def streams(request: web.Request) -> web.Response:
     return web.json_response(request.app[SERVICE].streams())
+
+
+def _prometheus(stats: dict) -> str:
+    """The /v1/stats counters in Prometheus' text format."""
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[dict, float]]) -> None:
+        lines.append(f"# HELP llamadesk_{name} {help_}")
+        lines.append(f"# TYPE llamadesk_{name} {kind}")
+        for labels, value in samples:
+            lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            lines.append(f"llamadesk_{name}{{{lab}}} {value}" if lab else f"llamadesk_{name} {value}")
+
+    per_model = stats["models"]
+    for key, kind, help_ in (
+            ("gen_tokens", "counter", "tokens generated"), ("prefill_tokens", "counter", "prompt tokens prefilled"),
+            ("decode_calls", "counter", "llama_decode calls"), ("requests", "counter", "generation requests accepted"),
+            ("rejected_requests", "counter", "requests refused with 503 (queue full)"),
+            ("prefix_cache_hits", "counter", "requests that reused a cached prompt prefix"),
+            ("prefix_cache_reused_tokens", "counter", "prompt tokens taken from the prefix cache"),
+            ("active_streams", "gauge", "streams prefilling or decoding"), ("queued_streams", "gauge", "streams waiting"),
+            ("max_streams_per_decode", "gauge", "most streams stepped by one decode"),
+            ("gen_tok_s", "gauge", "generated tokens per second, recent")):
+        name = key + ("_total" if kind == "counter" else "")
+        metric(name, kind, help_, [({"model": m["id"]}, m[key]) for m in per_model])
+    metric("ttft_ms", "gauge", "time to first token, recent requests",
+           [({"model": m["id"], "stat": q}, m["ttft_ms"][q]) for m in per_model for q in ("avg", "p50", "p95")])
+    metric("rss_bytes", "gauge", "resident memory of the process", [({}, stats["memory"]["rss_bytes"])])
+    metric("uptime_seconds", "gauge", "seconds since start", [({}, stats["uptime_s"])])
+    for kind in ("asr", "tts"):
+        s = stats.get(kind) or {}
+        if "jobs" in s:
+            metric(f"{kind}_jobs_total", "counter", f"{kind.upper()} jobs done", [({"model": s["model"]}, s["jobs"])])
+            metric(f"{kind}_queued", "gauge", f"{kind.upper()} jobs waiting", [({"model": s["model"]}, s["queued"])])
+            if s.get("rtf") is not None:
+                metric(f"{kind}_rtf", "gauge", "seconds of compute per second of audio",
+                       [({"model": s["model"]}, s["rtf"])])
+    return "\n".join(lines) + "\n"
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=_prometheus(request.app[SERVICE].stats()), content_type="text/plain",
+                        headers={"X-Content-Type-Options": "nosniff"})
+
+
+@routes.post("/v1/models/load")
+@loopback_only
+async def load_model(request: web.Request) -> web.Response:
+    f = Fields(await read_json(request), "models.load")
+    path = f.get("path", str)
+    if not path:
+        raise InvalidRequest("'path' is required: a GGUF file on this machine", "path")
+    entry = ModelEntry(name=f.get("name", str) or Path(path).stem, path=path, ctx=f.get("ctx", int, lo=64),
+                       streams=f.get("streams", int, lo=1, hi=64), chunk=f.get("chunk", int, lo=16),
+                       kv_dtype=f.get("kv_dtype", str), chat_template=f.get("chat_template", str))
+    default = f.get("default", bool, False)
+    f.log_ignored()
+    svc = request.app[SERVICE]
+    await svc.add_model(entry, make_default=default)
+    return web.json_response(next(m for m in svc.models() if m["id"] == entry.name))
+
+
+@routes.post("/v1/models/unload")
+@loopback_only
+async def unload_model(request: web.Request) -> web.Response:
+    f = Fields(await read_json(request), "models.unload")
+    name = f.get("model", str)
+    f.log_ignored()
+    await request.app[SERVICE].remove_model(name or "")
+    return web.json_response({"unloaded": name})
+
+
+@routes.post("/v1/models/activate")
+@loopback_only
+async def activate_model(request: web.Request) -> web.Response:
+    f = Fields(await read_json(request), "models.activate")
+    name = f.get("model", str)
+    f.log_ignored()
+    svc = request.app[SERVICE]
+    slot = svc.slot_for(name or None)  # 404 for an unknown model
+    svc.default_id = slot.id
+    return web.json_response({"default": slot.id})
+
+
+@routes.get("/config")
+async def get_config(request: web.Request) -> web.Response:
+    cfg = request.app[SERVICE].config
+    report = cfg.report()
+    if report["api_key"]["value"]:
+        report["api_key"]["value"] = "***"
+    return web.json_response({"path": str(cfg.path) if cfg.path else None, "keys": report,
+                              "models": [dataclasses.asdict(m) for m in cfg.models]})
+
+
+@routes.post("/config")
+@loopback_only
+async def post_config(request: web.Request) -> web.Response:
+    """Validate {"values": {key: value}}; with "save": true also write them as the authoritative TOML
+    (they apply at the next start or reload)."""
+    f = Fields(await read_json(request), "config")
+    values = f.get("values", dict, {})
+    save = f.get("save", bool, False)
+    f.log_ignored()
+    parsed = {}
+    for key, raw in values.items():
+        opt = OPTIONS.get(key)
+        if opt is None or opt.cli_only:
+            raise InvalidRequest(f"unknown config key '{key}'", "values")
+        try:
+            parsed[key] = None if raw is None else opt.parse(raw, "request")
+        except ConfigError as e:
+            raise InvalidRequest(str(e), key) from None
+    cfg = request.app[SERVICE].config
+    if save:
+        if cfg.path is None:
+            raise InvalidRequest("this server runs without a config file to save to", "save")
+        await asyncio.to_thread(save_authoritative, cfg.path, parsed, cfg.models)
+    return web.json_response({"valid": True, "saved": bool(save), "values": parsed,
+                              "path": str(cfg.path) if cfg.path else None})
