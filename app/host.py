@@ -73,7 +73,9 @@ class Host:
             while time.monotonic() < deadline and self.service.stats()["active_streams"]:
                 await asyncio.sleep(0.05)
         log.info("shutting down: stopping the HTTP server")
-        await self.pause()
+        if self.server:
+            await self.server.stop()
+            self.server = None
         if self.service:
             log.info("shutting down: aborting requests and freeing models")
             await self.service.stop()
