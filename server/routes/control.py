@@ -94,24 +94,29 @@ async def load_model(request: web.Request) -> web.Response:
     return web.json_response(next(m for m in svc.models() if m["id"] == entry.name))
 
 
+async def _model_name(request: web.Request, route: str) -> str:
+    f = Fields(await read_json(request), route)
+    name = f.get("model", str)
+    f.log_ignored()
+    if not name:
+        raise InvalidRequest("'model' is required", "model")
+    return name
+
+
 @routes.post("/v1/models/unload")
 @loopback_only
 async def unload_model(request: web.Request) -> web.Response:
-    f = Fields(await read_json(request), "models.unload")
-    name = f.get("model", str)
-    f.log_ignored()
-    await request.app[SERVICE].remove_model(name or "")
+    name = await _model_name(request, "models.unload")
+    await request.app[SERVICE].remove_model(name)
     return web.json_response({"unloaded": name})
 
 
 @routes.post("/v1/models/activate")
 @loopback_only
 async def activate_model(request: web.Request) -> web.Response:
-    f = Fields(await read_json(request), "models.activate")
-    name = f.get("model", str)
-    f.log_ignored()
+    name = await _model_name(request, "models.activate")
     svc = request.app[SERVICE]
-    slot = svc.slot_for(name or None)  # 404 for an unknown model
+    slot = svc.slot_for(name)  # 404 for an unknown model
     svc.default_id = slot.id
     return web.json_response({"default": slot.id})
 

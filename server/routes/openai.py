@@ -106,6 +106,24 @@ def _cancel_all(gens: list[Generation]) -> None:
         g.cancel()  # no-op when finished; evicts the stream when the client went away
 
 
+async def _sse(request: web.Request, gens: list[Generation], opts: schemas.StreamOptions, cid: str, obj: str,
+               body) -> web.StreamResponse:
+    """Stream gens as SSE: body(resp) writes the choices' chunks; then the usage chunk, an error event if
+    the engine failed mid-way, [DONE]. Every stream is aborted on the way out (client gone or done)."""
+    resp = await sse.open_stream(request)
+    try:
+        await body(resp)
+        if opts.include_usage:
+            await resp.write(sse.event({**_envelope(gens[0], cid, obj, []), "usage": _usage(gens)}))
+    except EngineError as e:
+        await resp.write(sse_error_event(e))
+    finally:
+        _cancel_all(gens)
+    await resp.write(sse.DONE)
+    await resp.write_eof()
+    return resp
+
+
 # ---- chat ----------------------------------------------------------------------------------------
 
 class _ChatChoice:
@@ -200,8 +218,8 @@ async def _chat_stream(request: web.Request, gens: list[Generation], choices: li
     # Plain text (the common case) goes out through a pre-rendered template: one json.dumps per chunk.
     plain = sse.TextEvent(chunk(0, {"content": sse.MARK})) \
         if len(gens) == 1 and choices[0].parser is None and not opts.logprobs else None
-    resp = await sse.open_stream(request)
-    try:
+
+    async def body(resp: web.StreamResponse) -> None:
         for i in range(len(gens)):
             await resp.write(sse.event(chunk(i, {"role": "assistant", "content": ""})))
         async for i, text in _fan_in(gens):
@@ -216,16 +234,7 @@ async def _chat_stream(request: web.Request, gens: list[Generation], choices: li
                 await resp.write(sse.event(chunk(i, {}, logprobs=lps)))
             if text is None:
                 await resp.write(sse.event(chunk(i, {}, choices[i].finish_reason)))
-        if opts.include_usage:
-            await resp.write(sse.event({**_envelope(gens[0], cid, "chat.completion.chunk", []),
-                                        "usage": _usage(gens)}))
-    except EngineError as e:
-        await resp.write(sse_error_event(e))
-    finally:
-        _cancel_all(gens)
-    await resp.write(sse.DONE)
-    await resp.write_eof()
-    return resp
+    return await _sse(request, gens, opts, cid, "chat.completion.chunk", body)
 
 
 # ---- completions ---------------------------------------------------------------------------------
@@ -267,8 +276,8 @@ async def _completion_stream(request: web.Request, gens: list[Generation], opts:
                          [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}])
     plain = sse.TextEvent(chunk(0, sse.MARK)) if len(gens) == 1 and not opts.logprobs else None
     offsets = [len(prefix)] * len(gens)
-    resp = await sse.open_stream(request)
-    try:
+
+    async def body(resp: web.StreamResponse) -> None:
         if prefix:
             for i in range(len(gens)):
                 await resp.write(sse.event(chunk(i, prefix)))
@@ -281,15 +290,7 @@ async def _completion_stream(request: web.Request, gens: list[Generation], opts:
                 lp = _completion_logprobs(gens[i].take_logprobs(), offsets[i]) if opts.logprobs else None
                 offsets[i] += len(text)
                 await resp.write(sse.event(chunk(i, text, logprobs=lp)))
-        if opts.include_usage:
-            await resp.write(sse.event({**_envelope(gens[0], cid, "text_completion", []), "usage": _usage(gens)}))
-    except EngineError as e:
-        await resp.write(sse_error_event(e))
-    finally:
-        _cancel_all(gens)
-    await resp.write(sse.DONE)
-    await resp.write_eof()
-    return resp
+    return await _sse(request, gens, opts, cid, "text_completion", body)
 
 
 # ---- embeddings ----------------------------------------------------------------------------------
