@@ -20,6 +20,10 @@ def has_display() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the configuration and run; returns the exit code (2 for bad configuration or models)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from app import bench_cli
+        return bench_cli.main(argv[1:])
     try:
         config = load(argv)
     except ConfigError as e:

@@ -31,6 +31,10 @@ class Conflict(EngineError):
     """The action collides with work in progress (a download already running, a model loading)."""
 
 
+class BenchRunning(EngineError):
+    """A benchmark has the engine to itself for a moment."""
+
+
 class QueueFull(EngineError):
     """Every stream is busy and the wait queue is at its bound."""
 

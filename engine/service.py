@@ -26,7 +26,7 @@ from engine import llama, tools
 from engine.chat import turns
 from engine.config import Config, ModelEntry, save_authoritative
 from engine.downloads import Downloader
-from engine.errors import (Conflict, ContextLengthExceeded, EngineError, EngineStopped, InvalidRequest,
+from engine.errors import (BenchRunning, Conflict, ContextLengthExceeded, EngineError, EngineStopped, InvalidRequest,
                            ModelLoadError, ModelNotFound, NoModelLoaded, QueueFull, SpeechUnavailable,
                            UnsupportedByModel)
 from engine.requests import ChatRequest, CompletionRequest, SamplingParams
@@ -198,6 +198,9 @@ class Service:
         self._catalog: list[cat.Entry] | None = None
         self.downloader: Downloader | None = None
         self.asr = self.tts = self.vad = None  # speech services (engine/speech); None when not loaded
+        self.bench_state: dict[str, Any] = {"state": "idle"}
+        self.bench_history: list[dict[str, Any]] = []
+        self.bench_task: asyncio.Task | None = None
         self.speech_errors: dict[str, str] = {}  # why a configured speech model is not serving
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -232,6 +235,7 @@ class Service:
 
     def speech(self, kind: str):
         """The ASR or TTS service, or a clear error saying how to get one."""
+        self._not_benching()
         svc = getattr(self, kind)
         if svc is None:
             what = {"asr": "speech-to-text", "tts": "text-to-speech", "vad": "voice activity detection"}[kind]
@@ -296,6 +300,7 @@ class Service:
 
     async def add_model(self, entry: ModelEntry, make_default: bool = False) -> Slot:
         """Load a model into the roster without a restart (weights and context built off the loop)."""
+        self._not_benching("load a model")
         if entry.name in self.loading:
             raise Conflict(f"model '{entry.name}' is already loading")
         if entry.name in self.slots:
@@ -314,6 +319,7 @@ class Service:
 
     async def remove_model(self, name: str) -> None:
         """Unload a model: abort its streams, drop it from the roster, free it on the scheduler thread."""
+        self._not_benching("unload a model")
         slot = self.slots.pop(name, None)
         if slot is None:
             raise ModelNotFound(f"The model '{name}' is not loaded", "model")
@@ -358,6 +364,7 @@ class Service:
 
     def download(self, name: str, tower: str | None = None) -> dict[str, Any]:
         """Queue the entry (or, with tower, that tower of the entry) for download."""
+        self._not_benching("start a download")
         e = self.catalog_entry(name)
         if tower is not None:
             if tower not in e.towers:
@@ -468,8 +475,16 @@ class Service:
 
     # ---- generation ---------------------------------------------------------------------------
 
+    def _not_benching(self, action: str | None = None) -> None:
+        """503 for work (or 409 for an action) while the benchmark has the engine."""
+        if self.bench_state["state"] == "running":
+            if action:
+                raise Conflict(f"cannot {action} while the benchmark runs; retry when GET /bench says done")
+            raise BenchRunning("a benchmark is running; retry in a few seconds")
+
     async def chat(self, req: ChatRequest) -> Generation:
         """Render, tokenize and queue a chat completion; iterate the result's chunks()."""
+        self._not_benching()
         slot = self.slot_for(req.model)
         if req.tools and req.tool_choice != "none" and slot.tool_format == "none":
             raise UnsupportedByModel(f"model '{slot.id}' is configured without tool calling (tool_format = "
@@ -495,6 +510,7 @@ class Service:
 
     async def complete(self, req: CompletionRequest) -> Generation:
         """Tokenize and queue a raw completion."""
+        self._not_benching()
         slot = self.slot_for(req.model)
         if isinstance(req.prompt, str):
             prompt = await asyncio.get_running_loop().run_in_executor(self._prep, self._tokenize, slot, req.prompt)
@@ -558,6 +574,7 @@ class Service:
 
     async def embed(self, model: str | None, inputs: list[str | list[int]]) -> tuple[str, list, int]:
         """(model id, unit-norm vectors, prompt tokens) for every input, batched into few decodes."""
+        self._not_benching()
         slot = self.slot_for(model)
         loop = asyncio.get_running_loop()
         toks = await loop.run_in_executor(self._prep, self._embed_tokens, slot, inputs)
@@ -581,6 +598,42 @@ class Service:
                                             f"{limit}", "input")
             out.append(toks)
         return out
+
+    # ---- benchmark ----------------------------------------------------------------------------
+
+    async def run_bench(self, model: str | None = None) -> dict[str, Any]:
+        """llama-bench's rows (pp512, tg128, tg128@N) on a served model; the engine is refused other work
+        (503) and model or download changes (409) meanwhile."""
+        return await self.finish_bench(self.begin_bench(model))
+
+    def begin_bench(self, model: str | None = None) -> Slot:
+        """Claim the engine for a benchmark of model (409 when busy); finish_bench runs it."""
+        self._not_benching("start a benchmark")
+        slot = self.slot_for(model)
+        busy = len(slot.live_streams())
+        if busy:
+            raise Conflict(f"model '{slot.id}' is serving {busy} request(s); the benchmark needs it idle")
+        self.bench_state = {"state": "running", "model": slot.id, "current": None, "started": time.time()}
+        return slot
+
+    async def finish_bench(self, slot: Slot) -> dict[str, Any]:
+        """Run the benchmark begun by begin_bench; its record is the new bench_state and joins the history."""
+        from engine import bench
+        state = self.bench_state
+        t0 = time.monotonic()
+        try:
+            rows = await self._run(lambda: bench.run(slot, lambda name: state.update(current=name)))
+        except Exception as e:
+            self.bench_state = {**state, "state": "failed", "error": str(e)}
+            raise
+        m = slot.model
+        record = {"state": "done", "model": slot.id, "file": str(m.path), "quant": m.quant(), "params": m.n_params,
+                  "kv_dtype": slot.settings.kv_dtype, "threads": slot.settings.threads, "streams": slot.settings.streams,
+                  "hardware": hardware_line(), "rows": rows, "started": state["started"],
+                  "seconds": round(time.monotonic() - t0, 2)}
+        self.bench_state = record
+        self.bench_history = (self.bench_history + [record])[-20:]
+        return record
 
     # ---- observation --------------------------------------------------------------------------
 
@@ -616,6 +669,7 @@ class Service:
             speech["asr"]["jobs_overlapping_generation"] = sum(
                 1 for a, b in list(self.asr.pool.busy_intervals) if any(a <= t <= b for t in ticks))
         return {"setup": self.setup_mode, "status": self.status, "version": VERSION,
+                "bench": {"state": self.bench_state["state"], "current": self.bench_state.get("current")},
                 "uptime_s": round(time.monotonic() - self.started, 1), "hardware": hardware_line(),
                 "memory": {"rss_bytes": rss_bytes()}, **summed, "models": entries, **speech}
 

@@ -18,6 +18,7 @@ _MAP: list[tuple[type[E.EngineError], int, str, str | None]] = [
     (E.InvalidRequest, 400, "invalid_request_error", None),
     (E.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
     (E.Conflict, 409, "invalid_request_error", "conflict"),
+    (E.BenchRunning, 503, "server_error", "benchmark_running"),
     (E.QueueFull, 503, "server_error", "server_overloaded"),
     (E.NoModelLoaded, 503, "server_error", "no_model_loaded"),
     (E.SpeechUnavailable, 503, "server_error", "no_model_loaded"),

@@ -54,6 +54,7 @@ class Bridge(QObject):
     speech_ready = Signal(str, object)  # request id, {"samples", "rate", "wav"}
     transcript_ready = Signal(str, object)  # request id, {"text", "segments", "duration", "spans", "samples"}
     speech_error = Signal(str, str)  # request id, message
+    bench_done = Signal(dict)  # the benchmark record (state done or failed)
     reloaded = Signal()
     quitting = Signal()
 
@@ -237,6 +238,18 @@ class Bridge(QObject):
                 self.speech_error.emit(rid, e.message)
         self.spawn(go())
         return rid
+
+    # ---- benchmark ----------------------------------------------------------------------------
+
+    def run_bench(self, model: str | None = None) -> asyncio.Task:
+        """Run the benchmark; bench_done follows with its record."""
+        async def go() -> None:
+            try:
+                self.bench_done.emit(await self.host.service.run_bench(model))
+            except EngineError as e:
+                self.bench_done.emit({"state": "failed", "error": e.message})
+                raise
+        return self.spawn(go())
 
     # ---- settings -----------------------------------------------------------------------------
 

@@ -58,6 +58,12 @@ async def shoot(desktop: Desktop, out: Path) -> None:
         await spoken
         studio.transcribe_last_speech()
         await heard
+    bench = asyncio.get_running_loop().create_future()
+    bridge.bench_done.connect(lambda *_: bench.done() or bench.set_result(True))
+    w.show_panel("Benchmark")
+    w.panels["Benchmark"].refresh()
+    w.panels["Benchmark"].run()
+    await bench
     for name in PANELS:
         w.show_panel(name)
         await asyncio.sleep(0.3)

@@ -6,6 +6,7 @@ from PySide6.QtGui import QCloseEvent, QGuiApplication
 from PySide6.QtWidgets import (QHBoxLayout, QLabel, QListWidget, QMainWindow, QPushButton, QStackedWidget,
                                QStatusBar, QWidget)
 
+from app.gui.panels.benchmark import BenchmarkPanel
 from app.gui.panels.catalog import CatalogPanel
 from app.gui.panels.chat import ChatPanel
 from app.gui.panels.dashboard import DashboardPanel
@@ -14,7 +15,7 @@ from app.gui.panels.models import ModelsPanel
 from app.gui.panels.settings import SettingsPanel
 from app.gui.panels.speech import SpeechPanel
 
-PANELS = ("Dashboard", "Catalog", "Models", "Chat", "Speech", "Settings", "Logs")
+PANELS = ("Dashboard", "Catalog", "Models", "Chat", "Speech", "Benchmark", "Settings", "Logs")
 
 
 class MainWindow(QMainWindow):
@@ -28,7 +29,8 @@ class MainWindow(QMainWindow):
         self.resize(1200, 780)
         self.panels = {"Dashboard": DashboardPanel(bridge), "Catalog": CatalogPanel(bridge),
                        "Models": ModelsPanel(bridge), "Chat": ChatPanel(bridge, audio_io),
-                       "Speech": SpeechPanel(bridge, audio_io), "Settings": SettingsPanel(bridge),
+                       "Speech": SpeechPanel(bridge, audio_io), "Benchmark": BenchmarkPanel(bridge),
+                       "Settings": SettingsPanel(bridge),
                        "Logs": LogsPanel(bridge)}
         self.sidebar = QListWidget()
         self.sidebar.addItems(list(self.panels))

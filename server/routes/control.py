@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import logging
 from pathlib import Path
 
 from aiohttp import web
@@ -16,6 +18,7 @@ from server.keys import SERVICE
 from server.schemas import Fields, read_json
 
 routes = web.RouteTableDef()
+log = logging.getLogger("llamadesk.server")
 
 
 @routes.get("/health")
@@ -156,3 +159,29 @@ async def post_config(request: web.Request) -> web.Response:
         await asyncio.to_thread(save_authoritative, cfg.path, parsed, cfg.models)
     return web.json_response({"valid": True, "saved": bool(save), "values": parsed,
                               "path": str(cfg.path) if cfg.path else None})
+
+
+@routes.get("/bench")
+async def bench_state(request: web.Request) -> web.Response:
+    svc = request.app[SERVICE]
+    return web.json_response({**svc.bench_state, "history": svc.bench_history})
+
+
+@routes.post("/bench")
+@loopback_only
+async def bench_start(request: web.Request) -> web.Response:
+    """Start the benchmark ({"model"?}); GET /bench follows it."""
+    raw = await request.read()
+    f = Fields(json.loads(raw) if raw.strip() else {}, "bench")
+    model = f.get("model", str)
+    f.log_ignored()
+    svc = request.app[SERVICE]
+    slot = svc.begin_bench(model)  # 404, 409 (busy) or 503 (setup mode) here, before 202
+
+    async def go() -> None:
+        try:
+            await svc.finish_bench(slot)
+        except Exception:  # recorded in bench_state as failed
+            log.exception("benchmark failed")
+    svc.bench_task = asyncio.create_task(go())  # kept referenced while it runs
+    return web.json_response(svc.bench_state, status=202)

@@ -276,6 +276,24 @@ def test_catalog_panel_lists_filters_and_badges(gui):
     panel.filter.setText("")
 
 
+def test_benchmark_panel_runs_and_keeps_history(gui):
+    import pyqtgraph as pg
+    panel = gui.window.panels["Benchmark"]
+    panel.refresh()
+    assert panel.model.currentText() == "tiny-random-llama"
+
+    async def scenario():
+        done = next_signal(gui.bridge.bench_done)
+        panel.run()
+        return (await done)[0]
+    record = gui.run_loop(scenario(), timeout=120)
+    assert record["state"] == "done" and panel.run_button.isEnabled()
+    assert [panel.table.item(r, 0).text() for r in range(panel.table.rowCount())][:2] == ["pp512", "tg128"]
+    assert float(panel.table.item(0, 1).text()) > 0
+    assert any(isinstance(i, pg.BarGraphItem) for i in panel.chart.getPlotItem().items)
+    assert panel.history.count() == 1 and "tiny-random-llama" in panel.history.item(0).text()
+
+
 def test_a_second_launch_activates_the_first(qapp):
     first = InstanceGuard("llamadesk-test-guard")
     assert first.listen()
