@@ -133,6 +133,19 @@ class SlotStats:
                 "p95": float(np.percentile(vals, 95))}
 
 
+def job_timings(s: Stream) -> dict[str, float]:
+    """llama-server's per-request timings: prompt (queue + prefill until the first token) and generation."""
+    job = s.job
+    end = job.ended_at or time.monotonic()
+    first = job.first_token_at or end
+    prompt_ms = (first - job.submitted) * 1000
+    predicted_ms = (end - first) * 1000
+    predicted = max(len(s.generated) - 1, 0)  # the first token belongs to the prompt phase
+    return {"prompt_n": len(s.prompt) - s.reused_tokens, "cache_n": s.reused_tokens,
+            "prompt_ms": round(prompt_ms, 3), "predicted_n": len(s.generated), "predicted_ms": round(predicted_ms, 3),
+            "predicted_per_second": round(predicted / (predicted_ms / 1000), 2) if predicted and predicted_ms else 0.0}
+
+
 class Slot:
     """One served model: weights, a generation context with `streams` sequences, a scheduler."""
 
@@ -284,7 +297,7 @@ class Slot:
         if job.sampler:
             job.sampler.free()
         usage = {"prompt_tokens": len(s.prompt), "completion_tokens": len(s.generated),
-                 "cached_tokens": s.reused_tokens}
+                 "cached_tokens": s.reused_tokens, "timings": job_timings(s)}
         out.add(job.sink, ("error", error) if error else ("end", reason, usage), urgent=True)
         self.done.append(s)
 

@@ -34,6 +34,11 @@ async def get_model(request: web.Request) -> web.Response:
     raise ModelNotFound(f"The model '{mid}' does not exist", "model")
 
 
+def _timings(gens: list[Generation]) -> dict:
+    """llama-server's `timings` object (of the first choice)."""
+    return gens[0].usage.get("timings", {})
+
+
 def _usage(gens: list[Generation]) -> dict:
     """Usage of n choices: the prompt counted once, the completions summed."""
     u = gens[0].usage
@@ -114,7 +119,8 @@ async def _sse(request: web.Request, gens: list[Generation], opts: schemas.Strea
     try:
         await body(resp)
         if opts.include_usage:
-            await resp.write(sse.event({**_envelope(gens[0], cid, obj, []), "usage": _usage(gens)}))
+            await resp.write(sse.event({**_envelope(gens[0], cid, obj, []), "usage": _usage(gens),
+                                        "timings": _timings(gens)}))
     except EngineError as e:
         await resp.write(sse_error_event(e))
     finally:
@@ -206,7 +212,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     out = [{"index": i, "message": c.message(t), "finish_reason": c.finish_reason,
             "logprobs": {"content": g.take_logprobs(), "refusal": None} if opts.logprobs else None}
            for i, (c, g, t) in enumerate(zip(choices, gens, texts))]
-    return web.json_response({**_envelope(gens[0], cid, "chat.completion", out), "usage": _usage(gens)})
+    return web.json_response({**_envelope(gens[0], cid, "chat.completion", out), "usage": _usage(gens),
+                              "timings": _timings(gens)})
 
 
 async def _chat_stream(request: web.Request, gens: list[Generation], choices: list[_ChatChoice],
@@ -266,7 +273,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     out = [{"index": i, "text": prefix + t, "finish_reason": g.finish_reason,
             "logprobs": _completion_logprobs(g.take_logprobs(), len(prefix)) if opts.logprobs else None}
            for i, (g, t) in enumerate(zip(gens, texts))]
-    return web.json_response({**_envelope(gens[0], cid, "text_completion", out), "usage": _usage(gens)})
+    return web.json_response({**_envelope(gens[0], cid, "text_completion", out), "usage": _usage(gens),
+                              "timings": _timings(gens)})
 
 
 async def _completion_stream(request: web.Request, gens: list[Generation], opts: schemas.StreamOptions, cid: str,

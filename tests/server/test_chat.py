@@ -103,6 +103,9 @@ def test_repeated_request_hits_the_prefix_cache(smol_server):
     reused = after["prefix_cache_reused_tokens"] - before["prefix_cache_reused_tokens"]
     assert reused == second.usage.prompt_tokens - 1  # all but the last prompt token came from the cache
     assert second.usage.prompt_tokens_details.cached_tokens == reused
+    t = second.model_extra["timings"]  # llama-server's timings, for clients that read them
+    assert t["cache_n"] == reused and t["prompt_n"] == 1 and t["predicted_n"] == second.usage.completion_tokens
+    assert t["prompt_ms"] > 0 and t["predicted_ms"] >= 0
 
 
 def test_stop_string_cuts_buffered_and_streamed(smol_server):
