@@ -155,10 +155,6 @@ class LlamaModel:
         n = L.llama_token_to_piece(self.vocab, token, buf, 64, 0, True)
         return buf.raw[:max(n, 0)].decode("utf-8", "replace")
 
-    def detokenize(self, tokens: list[int]) -> str:
-        """Token ids back to text."""
-        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
-
     def quant(self) -> str:
         """The file type name (Q4_1, F16, …) as recorded in general.file_type."""
         ft = self.meta("general.file_type")

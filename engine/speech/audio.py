@@ -81,7 +81,3 @@ def encode(samples: np.ndarray, rate: int, fmt: str) -> tuple[bytes, str]:
             container.mux(packet)
     return buf.getvalue(), content_type
 
-
-def duration(data: bytes) -> float:
-    """Seconds of audio in an encoded file (for tests and the studio)."""
-    return len(decode(data, 16000)) / 16000
