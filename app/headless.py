@@ -12,11 +12,11 @@ from engine.errors import EngineError
 log = logging.getLogger("llamadesk.app")
 
 
-async def serve(config: Config, stop: asyncio.Event | None = None) -> int:
-    """Load the models, serve until SIGINT/SIGTERM (or `stop`), then shut down in order."""
+async def serve(config: Config, stop: asyncio.Event | None = None, argv: list[str] | None = None) -> int:
+    """Load the models, serve until SIGINT/SIGTERM, POST /shutdown (or `stop`), then shut down in order."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    host = Host(config)
+    host = Host(config, argv, on_shutdown=stop.set)
     try:
         await host.start()
     except EngineError as e:
@@ -33,6 +33,6 @@ async def serve(config: Config, stop: asyncio.Event | None = None) -> int:
     return 0
 
 
-def run(config: Config) -> int:
+def run(config: Config, argv: list[str] | None = None) -> int:
     """Run the headless server to completion; the process exit code."""
-    return asyncio.run(serve(config))
+    return asyncio.run(serve(config, argv=argv))

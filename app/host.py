@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import time
+from typing import Callable
 
 from engine.config import Config
 from engine.service import Service
@@ -17,10 +18,14 @@ log = logging.getLogger("llamadesk.app")
 class Host:
     """Owns the Service and the Server for one configuration."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, argv: list[str] | None = None,
+                 on_shutdown: Callable[[], None] | None = None):
         self.config = config
+        self.argv = argv  # the flags it started with: /restart reads the config again with them
+        self.on_shutdown = on_shutdown
         self.service: Service | None = None
         self.server: Server | None = None
+        self._tasks: set[asyncio.Task] = set()
 
     @property
     def url(self) -> str | None:
@@ -41,7 +46,7 @@ class Host:
         service.start(asyncio.get_running_loop())
         self.service = service
         try:
-            self.server = await start_server(service, self.config)
+            self.server = await start_server(service, self.config, self)
         except BaseException:
             await service.stop()
             self.service = None
@@ -63,7 +68,7 @@ class Host:
     async def resume(self) -> None:
         """Listen again on the configured address."""
         if self.server is None and self.service is not None:
-            self.server = await start_server(self.service, self.config)
+            self.server = await start_server(self.service, self.config, self)
             log.info("serving resumed on %s/v1", self.server.url)
 
     async def stop(self, drain_s: float = 0.0) -> None:
@@ -81,8 +86,36 @@ class Host:
             await self.service.stop()
             self.service = None
 
-    async def reload(self, config: Config) -> None:
-        """Apply a new configuration in process: stop everything, start again (no process restart)."""
-        await self.stop()
+    async def reload(self, config: Config, drain_s: float = 0.0) -> None:
+        """Apply a new configuration in process: stop everything, start again (no process restart).
+        A port of 0 ("any free port") keeps the port already bound, so clients find the server again."""
+        if config.port == 0 and self.server is not None:
+            config.values["port"] = self.server.port
+        await self.stop(drain_s)
         self.config = config
         await self.start()
+
+    # ---- the server's /restart and /shutdown ------------------------------------------------------
+
+    def request_restart(self) -> None:
+        """Reload the config file (with the same flags) and models, after the current response."""
+        from engine.config import load
+
+        async def go() -> None:
+            await asyncio.sleep(0.05)  # let the 202 leave first
+            try:
+                config = load(self.argv) if self.argv is not None else self.config
+                await self.reload(config, drain_s=5.0)
+            except Exception:
+                log.exception("restart failed")
+        self._spawn(go())
+
+    def request_shutdown(self) -> None:
+        """Ask whoever runs the host to quit (headless: exit; desktop: Quit)."""
+        if self.on_shutdown is not None:
+            asyncio.get_running_loop().call_later(0.05, self.on_shutdown)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)

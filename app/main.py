@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     if not config.no_gui:
         if has_display():
             from app.gui.main import run_gui  # the only path that imports Qt
-            return run_gui(config)
+            return run_gui(config, argv)
         log.info("no display found: running headless (the same as --no-gui)")
     from app import headless
-    return headless.run(config)
+    return headless.run(config, argv)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,7 @@ SCHEMA: tuple[Option, ...] = (
     Option("catalog_path", str, None, "a catalog TOML to use instead of the one shipped with llamadesk"),
     Option("max_json_mb", int, 16, "largest JSON request body, in MB (413 beyond)", minimum=1),
     Option("max_upload_mb", int, 64, "largest audio upload, in MB (413 beyond)", minimum=1),
+    Option("cors_origins", str, None, "comma-separated browser origins allowed to call the API (CORS); * for any"),
     Option("api_key", str, None, "when set, every request must carry 'Authorization: Bearer <key>'"),
     Option("log_level", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
     Option("no_gui", bool, False, "run the server headless, without importing Qt", cli_only=True),

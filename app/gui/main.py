@@ -29,8 +29,8 @@ ICON = Path(__file__).resolve().parents[2] / "resources" / "icons" / "llamadesk.
 class Desktop:
     """Everything the desktop app is made of, built and started in a fixed order."""
 
-    def __init__(self, config: Config):
-        self.host = Host(config)
+    def __init__(self, config: Config, argv: list[str] | None = None):
+        self.host = Host(config, argv, on_shutdown=self.request_quit)
         self.bridge = Bridge(self.host)
         logging.getLogger().addHandler(self.bridge.log_handler)
         self.icon = QIcon(str(ICON))
@@ -79,7 +79,7 @@ class Desktop:
             self._done.set_result(0)
 
 
-def run_gui(config: Config) -> int:
+def run_gui(config: Config, argv: list[str] | None = None) -> int:
     """Run the desktop app until Quit; the process exit code."""
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("llamadesk")
@@ -92,7 +92,7 @@ def run_gui(config: Config) -> int:
     guard.listen()
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
-    desktop = Desktop(config)
+    desktop = Desktop(config, argv)
     guard.activate_requested.connect(desktop.tray.on_open)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: loop.call_soon_threadsafe(desktop.request_quit))

@@ -11,10 +11,11 @@ from pathlib import Path
 from aiohttp import web
 
 from engine.config import OPTIONS, ConfigError, ModelEntry, save_authoritative
+from engine.errors import EngineStopped as ServiceUnavailable
 from engine.errors import InvalidRequest
 from engine.service import VERSION
 from server.access import loopback_only
-from server.keys import SERVICE
+from server.keys import LIFECYCLE, SERVICE
 from server.schemas import Fields, read_json
 
 routes = web.RouteTableDef()
@@ -185,3 +186,26 @@ async def bench_start(request: web.Request) -> web.Response:
             log.exception("benchmark failed")
     svc.bench_task = asyncio.create_task(go())  # kept referenced while it runs
     return web.json_response(svc.bench_state, status=202)
+
+
+def _lifecycle(request: web.Request):
+    host = request.app[LIFECYCLE]
+    if host is None:
+        raise ServiceUnavailable("this server is embedded without a host that can restart or stop it")
+    return host
+
+
+@routes.post("/restart")
+@loopback_only
+async def restart(request: web.Request) -> web.Response:
+    """Reload config and models in process (running streams drain first); the port stays the same."""
+    _lifecycle(request).request_restart()
+    return web.json_response({"restarting": True}, status=202)
+
+
+@routes.post("/shutdown")
+@loopback_only
+async def shutdown(request: web.Request) -> web.Response:
+    """Drain running streams, stop serving and exit."""
+    _lifecycle(request).request_shutdown()
+    return web.json_response({"shutting_down": True}, status=202)

@@ -105,3 +105,30 @@ def test_desktop_app_serves_refuses_a_second_copy_and_quits_on_sigterm(tmp_path,
             assert "quitting" in proc.stderr.read()
         finally:
             proc.kill()
+
+
+def test_restart_applies_the_saved_config_in_process_and_shutdown_exits(tmp_path, assets):
+    with launch(tmp_path, "--model", str(assets["tiny"])) as proc:
+        try:
+            url = wait_for_url(proc)
+
+            def post(path: str, body: dict | None = None) -> tuple[int, dict]:
+                req = urllib.request.Request(url + path, method="POST", data=json.dumps(body or {}).encode())
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status, json.loads(r.read())
+            assert get(url + "/v1/models")[1]["data"][0]["streams"] == 4
+            assert post("/config", {"values": {"streams": 2}, "save": True})[1]["saved"]
+            assert post("/restart") == (202, {"restarting": True})
+            deadline = time.monotonic() + 60
+            while True:  # same port after the restart; the new roster serves 2 streams
+                try:
+                    if get(url + "/v1/models")[1]["data"][0]["streams"] == 2:
+                        break
+                except (urllib.error.URLError, ConnectionError):
+                    pass
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert post("/shutdown") == (202, {"shutting_down": True})
+            assert proc.wait(30) == 0
+        finally:
+            proc.kill()

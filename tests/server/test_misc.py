@@ -47,3 +47,26 @@ def test_readme_documents_every_flag():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = set(re.findall(r"^\| `(--[a-z-]+)`", readme, re.M))
     assert table == {o.flag for o in SCHEMA}
+
+
+def test_cors_allowlist(assets, tmp_path):
+    import urllib.request
+    srv = LiveServer(["--model", str(assets["tiny"]), "--cors-origins", "http://app.example, http://b.example",
+                      "--api-key", "k"], "", tmp_path)
+    try:
+        pre = urllib.request.Request(srv.url + "/v1/chat/completions", method="OPTIONS", headers={
+            "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        with urllib.request.urlopen(pre) as r:  # the preflight needs no API key
+            assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] == "http://app.example"
+            assert "POST" in r.headers["Access-Control-Allow-Methods"]
+        ok = urllib.request.Request(srv.url + "/health", headers={"Origin": "http://b.example",
+                                                                  "Authorization": "Bearer k"})
+        with urllib.request.urlopen(ok) as r:
+            assert r.headers["Access-Control-Allow-Origin"] == "http://b.example"
+        other = urllib.request.Request(srv.url + "/health", headers={"Origin": "http://evil.example",
+                                                                     "Authorization": "Bearer k"})
+        with urllib.request.urlopen(other) as r:
+            assert "Access-Control-Allow-Origin" not in r.headers
+    finally:
+        srv.stop()
