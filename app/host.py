@@ -23,6 +23,7 @@ class Host:
         self.config = config
         self.argv = argv  # the flags it started with: /restart reads the config again with them
         self.on_shutdown = on_shutdown
+        self.on_reload: Callable[[], None] | None = None  # the desktop refreshes its panels
         self.service: Service | None = None
         self.server: Server | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -94,6 +95,8 @@ class Host:
         await self.stop(drain_s)
         self.config = config
         await self.start()
+        if self.on_reload is not None:
+            self.on_reload()
 
     # ---- the server's /restart and /shutdown ------------------------------------------------------
 

@@ -74,8 +74,14 @@ class Bridge(QObject):
     # ---- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Begin the 1 Hz updates."""
+        """Begin the 1 Hz updates; follow reloads of the host (Settings, or POST /restart)."""
+        self.host.on_reload = self.on_host_reloaded
         self._timer.start()
+        self.on_tick()
+
+    def on_host_reloaded(self) -> None:
+        self.reloaded.emit()
+        self.models_changed.emit()
         self.on_tick()
 
     def spawn(self, coro) -> asyncio.Task:
@@ -264,10 +270,7 @@ class Bridge(QObject):
         """Reload the server in process with a new configuration (no process restart)."""
         async def go() -> None:
             self.state_changed.emit("loading")
-            await self.host.reload(config)
-            self.reloaded.emit()
-            self.models_changed.emit()
-            self.on_tick()
+            await self.host.reload(config)  # the host's on_reload refreshes the panels
             self.notice.emit(f"settings applied; serving on {self.host.url}")
         return self.spawn(go())
 
