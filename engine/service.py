@@ -7,6 +7,7 @@ the asyncio side get a per-request `Generation` that the thread fills through
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import dataclasses
 import itertools
@@ -665,9 +666,9 @@ class Service:
                       {"state": "error" if k in self.speech_errors else "off", "error": self.speech_errors.get(k)})
                   for k, svc in (("asr", self.asr), ("tts", self.tts))}
         if self.asr is not None:  # transcriptions that ran while the LLM was decoding (recent window)
-            ticks = [t for slot in self.slots.values() for t, _, _ in list(slot.stats._recent)]
+            ticks = sorted(t for slot in self.slots.values() for t, _, _ in list(slot.stats._recent))
             speech["asr"]["jobs_overlapping_generation"] = sum(
-                1 for a, b in list(self.asr.pool.busy_intervals) if any(a <= t <= b for t in ticks))
+                1 for a, b in list(self.asr.pool.busy_intervals) if bisect.bisect_right(ticks, b) > bisect.bisect_left(ticks, a))
         return {"setup": self.setup_mode, "status": self.status, "version": VERSION,
                 "bench": {"state": self.bench_state["state"], "current": self.bench_state.get("current")},
                 "uptime_s": round(time.monotonic() - self.started, 1), "hardware": hardware_line(),
