@@ -12,6 +12,7 @@ import os
 import threading
 from collections import deque
 from pathlib import Path
+from typing import Callable
 
 import llama_cpp as L
 import numpy as np
@@ -71,12 +72,18 @@ def default_threads() -> int:
 class LlamaModel:
     """A loaded GGUF: weights (mmap'd), vocabulary and metadata."""
 
-    def __init__(self, path: Path, gpu: str = "auto"):
+    def __init__(self, path: Path, gpu: str = "auto", progress: Callable[[float], None] | None = None):
         init_backend()
         self.path = Path(path)
         _check_gguf(self.path)
         params = L.llama_model_default_params()
         params.n_gpu_layers = 999 if gpu == "auto" else 0
+        if progress is not None:  # llama.cpp reports 0..1 while it reads the weights
+            def on_progress(fraction: float, _user) -> bool:
+                progress(fraction)
+                return True
+            keep = L.llama_progress_callback(on_progress)  # referenced until the load returns
+            params.progress_callback = keep
         _recent_errors.clear()
         ptr = L.llama_model_load_from_file(str(self.path).encode(), params)
         if not ptr:

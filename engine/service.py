@@ -299,8 +299,10 @@ class Service:
             return "loading"
         return "setup" if self.setup_mode else "ok"
 
-    async def add_model(self, entry: ModelEntry, make_default: bool = False) -> Slot:
-        """Load a model into the roster without a restart (weights and context built off the loop)."""
+    async def add_model(self, entry: ModelEntry, make_default: bool = False,
+                        progress: Callable[[float], None] | None = None) -> Slot:
+        """Load a model into the roster without a restart (weights and context built off the loop);
+        progress(fraction) is called on the event loop as the weights load."""
         self._not_benching("load a model")
         if entry.name in self.loading:
             raise Conflict(f"model '{entry.name}' is already loading")
@@ -309,7 +311,10 @@ class Service:
         self.loading.add(entry.name)
         try:
             t0 = time.monotonic()
-            slot = await asyncio.to_thread(Slot, entry.name, Path(entry.path).expanduser(), self.slot_settings(entry))
+            loop = asyncio.get_running_loop()
+            report = (lambda f: loop.call_soon_threadsafe(progress, f)) if progress else None
+            slot = await asyncio.to_thread(Slot, entry.name, Path(entry.path).expanduser(), self.slot_settings(entry),
+                                           report)
         finally:
             self.loading.discard(entry.name)
         self.slots[entry.name] = slot  # the scheduler thread steps it from its next tick

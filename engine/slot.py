@@ -10,7 +10,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -149,10 +149,11 @@ def job_timings(s: Stream) -> dict[str, float]:
 class Slot:
     """One served model: weights, a generation context with `streams` sequences, a scheduler."""
 
-    def __init__(self, model_id: str, path: Path, settings: SlotSettings):
+    def __init__(self, model_id: str, path: Path, settings: SlotSettings,
+                 progress: Callable[[float], None] | None = None):
         self.id = model_id
         self.settings = settings
-        self.model = LlamaModel(path, settings.gpu)
+        self.model = LlamaModel(path, settings.gpu, progress)
         self.state = "loading"
         self.embedding_only = self.model.is_embedding_model
         self.ctx = min(settings.ctx, self.model.n_ctx_train) if self.model.n_ctx_train > 0 else settings.ctx

@@ -55,6 +55,7 @@ class Bridge(QObject):
     transcript_ready = Signal(str, object)  # request id, {"text", "segments", "duration", "spans", "samples"}
     speech_error = Signal(str, str)  # request id, message
     bench_done = Signal(dict)  # the benchmark record (state done or failed)
+    load_progress = Signal(str, float)  # model name, fraction of its weights loaded
     reloaded = Signal()
     quitting = Signal()
 
@@ -184,7 +185,8 @@ class Bridge(QObject):
         async def go() -> None:
             self.state_changed.emit("loading")
             try:
-                await self.host.service.add_model(ModelEntry(name=name, path=path))
+                await self.host.service.add_model(ModelEntry(name=name, path=path),
+                                                  progress=lambda f: self.load_progress.emit(name, f))
             finally:
                 self.on_tick()
             self.models_changed.emit()

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QCloseEvent, QGuiApplication
-from PySide6.QtWidgets import (QHBoxLayout, QLabel, QListWidget, QMainWindow, QPushButton, QStackedWidget,
-                               QStatusBar, QWidget)
+from PySide6.QtWidgets import (QHBoxLayout, QLabel, QListWidget, QMainWindow, QProgressBar, QPushButton,
+                               QStackedWidget, QStatusBar, QWidget)
 
 from app.gui.panels.benchmark import BenchmarkPanel
 from app.gui.panels.catalog import CatalogPanel
@@ -52,9 +52,14 @@ class MainWindow(QMainWindow):
         self.copy_button.clicked.connect(self.copy_url)
         self.state_label = QLabel()
         self.rate_label = QLabel()
+        self.load_bar = QProgressBar()  # shown while a model's weights load
+        self.load_bar.setRange(0, 100)
+        self.load_bar.setMaximumWidth(220)
+        self.load_bar.hide()
         status = QStatusBar()
         status.addWidget(self.url_label)
         status.addWidget(self.copy_button)
+        status.addPermanentWidget(self.load_bar)
         status.addPermanentWidget(self.rate_label)
         status.addPermanentWidget(self.state_label)
         self.setStatusBar(status)
@@ -62,6 +67,7 @@ class MainWindow(QMainWindow):
         bridge.state_changed.connect(self.on_state_changed)
         bridge.stats_updated.connect(self.on_stats_updated)
         bridge.notice.connect(lambda text: self.statusBar().showMessage(text, 8000))
+        bridge.load_progress.connect(self.on_load_progress)
         self.show_panel("Dashboard")
 
     def show_panel(self, name: str) -> None:
@@ -88,6 +94,11 @@ class MainWindow(QMainWindow):
         self.rate_label.setText(f"{stats['gen_tok_s']:.1f} tok/s · {stats['active_streams']} active · "
                                 f"{stats['queued_streams']} queued")
         self.url_label.setText(self.api_url() or "not listening")
+
+    def on_load_progress(self, name: str, fraction: float) -> None:
+        self.load_bar.setFormat(f"loading {name} %p%")
+        self.load_bar.setValue(int(fraction * 100))
+        self.load_bar.setVisible(fraction < 1.0)
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt's name)
         """Keep serving: the window only hides (Quit lives in the tray menu)."""

@@ -189,10 +189,14 @@ def test_closing_the_window_keeps_serving(gui):
 def test_models_panel_loads_and_unloads_a_gguf(gui, assets):
     panel = gui.window.panels["Models"]
 
+    progress = []
+    gui.bridge.load_progress.connect(lambda name, f: progress.append((name, f)))
+
     async def scenario():
         changed = next_signal(gui.bridge.models_changed)
         await gui.bridge.load_model(str(assets["minilm"]))
         await changed
+        await asyncio.sleep(0.05)  # progress arrives through the loop
         names = panel.card_names()
         changed = next_signal(gui.bridge.models_changed)
         await gui.bridge.unload_model("all-MiniLM-L6-v2-f16")
@@ -200,6 +204,9 @@ def test_models_panel_loads_and_unloads_a_gguf(gui, assets):
         return names, panel.card_names()
     loaded, after = gui.run_loop(scenario())
     assert loaded == ["tiny-random-llama", "all-MiniLM-L6-v2-f16"]
+    fractions = [f for name, f in progress if name == "all-MiniLM-L6-v2-f16"]
+    assert fractions and fractions[-1] == 1.0 and fractions == sorted(fractions)  # the load showed its progress
+    assert not gui.window.load_bar.isVisible()
     assert after == ["tiny-random-llama"]
 
 
