@@ -36,15 +36,15 @@ def test_37th_concurrent_request_gets_503(tiny_server):
         async with aiohttp.ClientSession(connector=conn) as session:
             held = await asyncio.gather(*[open_stream(session, url) for _ in range(36)])
             stats = await wait_for(tiny_server, lambda s: s["active_streams"] + s["queued_streams"] == 36)
-            assert stats["active_streams"] == 4 and stats["queued_streams"] == 32
+            assert stats["active_streams"] == 4 and stats["queued_streams"] == 32, stats
             async with session.post(url + "/v1/chat/completions", json=LONG) as r:
-                assert r.status == 503
                 body = await r.json()
+                assert r.status == 503, (body, await asyncio.to_thread(tiny_server.get, "/v1/stats"))
             assert body["error"]["code"] == "server_overloaded" and "busy" in body["error"]["message"]
             for r in held:
                 r.close()
         stats = await wait_for(tiny_server, lambda s: s["active_streams"] + s["queued_streams"] == 0)
-        assert stats["rejected_requests"] == before["rejected_requests"] + 1
+        assert stats["rejected_requests"] == before["rejected_requests"] + 1, (before, stats)
     asyncio.run(main())
     # and it keeps serving
     r = tiny_server.client().chat.completions.create(messages=[{"role": "user", "content": "hi"}], model="",

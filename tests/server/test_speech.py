@@ -195,10 +195,10 @@ def test_a_broken_speech_model_degrades_instead_of_failing(assets, tmp_path):
     srv = LiveServer(["--model", str(assets["tiny"]), "--asr", str(broken)], "", tmp_path)
     try:
         status, body = upload(srv, "/v1/audio/transcriptions", wav_bytes(np.zeros(16000), 16000))
-        assert status == 503 and "no speech-to-text model loaded" in body["error"]["message"]
+        assert status == 503 and "no speech-to-text model loaded" in body["error"]["message"], body
         assert srv.get("/v1/stats")["asr"]["state"] == "error"
         status, body = upload(srv, "/vad", wav_bytes(np.zeros(16000), 16000))  # the shipped VAD still works
-        assert status == 200 and body["spans"] == []
+        assert status == 200 and body["spans"] == [], body
         assert srv.client().chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}],
                                                     max_tokens=2).choices
     finally:
