@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from tests.http import request
 
 
 def launch(tmp_path, *args: str) -> subprocess.Popen:
@@ -32,21 +33,12 @@ def wait_for_url(proc: subprocess.Popen) -> str:
     raise AssertionError(f"the server exited with {proc.wait()} before serving")
 
 
-def get(url: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        with e:
-            return e.code, json.loads(e.read())
-
-
 def test_no_gui_serves_a_model_and_stops_on_sigterm(tmp_path, assets):
     with launch(tmp_path, "--model", str(assets["tiny"])) as proc:
         try:
             url = wait_for_url(proc)
-            assert get(url + "/health") == (200, {"status": "ok", "version": "0.1.0"})
-            status, models = get(url + "/v1/models")
+            assert request(url + "/health") == (200, {"status": "ok", "version": "0.1.0"})
+            status, models = request(url + "/v1/models")
             assert models["data"][0]["id"] == "tiny-random-llama"
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0
@@ -73,7 +65,7 @@ def test_bad_model_path_exits_2_without_traceback(tmp_path, assets, make, words)
 def test_no_model_starts_in_setup_mode(tmp_path):
     with launch(tmp_path) as proc:
         url = wait_for_url(proc)
-        assert get(url + "/health")[1]["status"] == "setup"
+        assert request(url + "/health")[1]["status"] == "setup"
         req = urllib.request.Request(url + "/v1/chat/completions", method="POST",
                                      data=json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode())
         with pytest.raises(urllib.error.HTTPError) as e:
@@ -81,7 +73,7 @@ def test_no_model_starts_in_setup_mode(tmp_path):
         body = json.loads(e.value.read())
         e.value.close()
         assert e.value.code == 503 and "no model loaded" in body["error"]["message"]
-        assert get(url + "/v1/stats")[1]["setup"] is True
+        assert request(url + "/v1/stats")[1]["setup"] is True
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
 
@@ -96,10 +88,10 @@ def test_desktop_app_serves_refuses_a_second_copy_and_quits_on_sigterm(tmp_path,
     with subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:
             url = wait_for_url(proc)
-            assert get(url + "/health")[1]["status"] == "ok"
+            assert request(url + "/health")[1]["status"] == "ok"
             second = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
             assert second.returncode == 0 and "already running" in second.stderr
-            assert get(url + "/health")[1]["status"] == "ok"
+            assert request(url + "/health")[1]["status"] == "ok"
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == 0
             assert "quitting" in proc.stderr.read()
@@ -116,13 +108,13 @@ def test_restart_applies_the_saved_config_in_process_and_shutdown_exits(tmp_path
                 req = urllib.request.Request(url + path, method="POST", data=json.dumps(body or {}).encode())
                 with urllib.request.urlopen(req, timeout=30) as r:
                     return r.status, json.loads(r.read())
-            assert get(url + "/v1/models")[1]["data"][0]["streams"] == 4
+            assert request(url + "/v1/models")[1]["data"][0]["streams"] == 4
             assert post("/config", {"values": {"streams": 2}, "save": True})[1]["saved"]
             assert post("/restart") == (202, {"restarting": True})
             deadline = time.monotonic() + 60
             while True:  # same port after the restart; the new roster serves 2 streams
                 try:
-                    if get(url + "/v1/models")[1]["data"][0]["streams"] == 2:
+                    if request(url + "/v1/models")[1]["data"][0]["streams"] == 2:
                         break
                 except (urllib.error.URLError, ConnectionError):
                     pass

@@ -253,6 +253,7 @@ def test_chat_mic_fills_the_input_and_speaker_reads_the_reply(gui):
     studio = gui.window.panels["Speech"]
     chat.new_chat()
     chat.messages.append({"role": "assistant", "content": "<think>hm</think>Please open the window.", "meta": ""})
+    studio_before = studio.transcript
 
     async def scenario():
         spoken = next_signal(gui.bridge.speech_ready)
@@ -263,7 +264,7 @@ def test_chat_mic_fills_the_input_and_speaker_reads_the_reply(gui):
         await heard
     gui.run_loop(scenario())
     assert "window" in chat.input.toPlainText().lower()
-    assert studio.transcript is None or studio.transcript["text"]  # the studio ignores the chat's requests
+    assert studio.transcript is studio_before  # the studio ignored the chat's transcription
 
 
 def test_catalog_panel_lists_filters_and_badges(gui):

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import socket
 import statistics
 import subprocess

@@ -1,23 +1,10 @@
 """The benchmark route and CLI on the tiny model: llama-bench's rows, and the engine refusing other work."""
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-
-
-def call(server, method: str, path: str, body: dict | None = None):
-    req = urllib.request.Request(server.url + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode())
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        with e:
-            return e.code, json.loads(e.read())
+from tests.http import call
 
 
 def test_bench_rows_and_exclusive_engine(tiny_server):

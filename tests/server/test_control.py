@@ -1,27 +1,13 @@
 """llamadesk's control routes: Prometheus metrics, roster load/unload/activate, /config."""
 from __future__ import annotations
 
-import json
 import re
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
 
 from engine.config import load
-
-
-def call(server, method: str, path: str, body: dict | None = None):
-    req = urllib.request.Request(server.url + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode())
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            raw = r.read().decode()
-            return r.status, (json.loads(raw) if r.headers.get_content_type() == "application/json" else raw)
-    except urllib.error.HTTPError as e:
-        with e:
-            return e.code, json.loads(e.read())
+from tests.http import call
 
 
 def test_metrics_match_stats(tiny_server):

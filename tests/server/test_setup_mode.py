@@ -2,11 +2,8 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
@@ -14,17 +11,7 @@ import pytest
 from engine.config import load
 from tests.conftest import LiveServer
 from tests.fileserver import FileServer
-
-
-def call(server, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    req = urllib.request.Request(server.url + path, method=method,
-                                 data=None if body is None else json.dumps(body).encode())
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        with e:
-            return e.code, json.loads(e.read())
+from tests.http import call
 
 
 @pytest.fixture()
