@@ -88,7 +88,7 @@ SCHEMA: tuple[Option, ...] = (
     Option("models_dir", str, None, "where downloaded models live (default: the user data dir)"),
     Option("asr", str, None, "speech-to-text model directory (whisper, moonshine, NeMo, SenseVoice, Paraformer)"),
     Option("asr_workers", int, 1, "speech-to-text worker threads, each with its own recognizer", minimum=1, maximum=16),
-    Option("tts", str, None, "text-to-speech model directory (Piper/VITS voice)"),
+    Option("tts", str, None, "text-to-speech model directory (Piper/VITS, Kokoro, Kitten or Matcha + vocoder)"),
     Option("vad", str, None, "Silero VAD model (default: the one shipped with llamadesk)"),
     Option("catalog_mirror", str, None, "base URL serving catalog files by name (offline mirrors, tests)"),
     Option("catalog_path", str, None, "a catalog TOML to use instead of the one shipped with llamadesk"),

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from engine.errors import InvalidRequest, ModelLoadError, QueueFull
+from engine.speech import onnxinfo
 from engine.threads import compute, lower_priority
 
 log = logging.getLogger("llamadesk.speech")
@@ -214,8 +215,38 @@ def _model_dir(path: Path, what: str) -> Path:
     return d
 
 
+# The file whose metadata sherpa-onnx reads for each ASR type, and the keys it reads without a default.
+_ASR_REQUIRED = {
+    "whisper": ("encoder", ("n_mels", "n_text_layer", "n_text_ctx", "n_text_state", "n_vocab", "sot", "eot",
+                            "blank_id", "translate", "transcribe", "is_multilingual", "no_timestamps", "no_speech",
+                            "sot_sequence")),
+    "transducer": ("encoder", ("vocab_size", "subsampling_factor", "pred_rnn_layers", "pred_hidden")),
+    "nemo_ctc": ("model", ("vocab_size", "subsampling_factor")),
+    "sense_voice": ("model", ("vocab_size", "lfr_window_size", "lfr_window_shift", "with_itn", "without_itn",
+                              "lang_auto", "lang_zh", "lang_en", "lang_ja", "lang_ko", "lang_yue", "neg_mean",
+                              "inv_stddev")),
+    "paraformer": ("model", ("vocab_size", "lfr_window_size", "lfr_window_shift", "neg_mean", "inv_stddev")),
+}
+
+
 def sniff_asr(path: Path) -> AsrModel:
-    """Recognise the model type from the files in a directory (or beside a file)."""
+    """Recognise the model type from the files in a directory (or beside a file), and check the metadata
+    sherpa-onnx would otherwise end the process over."""
+    model = _sniff_asr_files(path)
+    for role, f in model.files.items():
+        if f is None:
+            raise ModelLoadError(f"{model.path} is missing the {role} file of a {model.kind} model")
+        if f.endswith(".onnx"):
+            meta = _onnx_info(Path(f), "ASR").metadata
+            file_role, required = _ASR_REQUIRED.get(model.kind, ("", ()))
+            if role == file_role:
+                _check_metadata(model.kind, meta, Path(f), required)
+                if model.kind == "whisper":
+                    model.multilingual = meta["is_multilingual"].strip() not in ("0", "false", "False")
+    return model
+
+
+def _sniff_asr_files(path: Path) -> AsrModel:
     d = _model_dir(path, "ASR")
     tokens = _one(d, "*tokens.txt")
     enc, dec, joiner = _one(d, "*encoder*.onnx"), _one(d, "*decoder*.onnx"), _one(d, "*joiner*.onnx")
@@ -320,39 +351,171 @@ class AsrService:
 
 # ---- TTS --------------------------------------------------------------------------------------
 
+# What sherpa-onnx's loaders read without a default (it exits the process when one is missing).
+_TTS_REQUIRED = {
+    "vits": ("sample_rate", "n_speakers", "language", "comment"),
+    "kokoro": ("sample_rate", "n_speakers", "has_espeak", "style_dim"),
+    "kitten": ("sample_rate", "n_speakers", "has_espeak", "style_dim"),
+    "matcha": ("sample_rate", "n_speakers", "use_eos_bos", "pad_id"),
+}
+_TTS_TYPES = {"vits": "vits", "kokoro": "kokoro", "kitten-tts": "kitten", "matcha-tts": "matcha"}
+_VOCODER_TYPES = ("hifigan", "vocos", "matcha-tts vocos")
+# Kokoro's speaker names start with a language letter (af_heart: American English, female)
+_KOKORO_LANGUAGES = {"a": "en-us", "b": "en", "e": "es", "f": "fr", "h": "hi", "i": "it", "j": "ja",
+                     "p": "pt-br", "z": "cmn"}
+
+
 @dataclass
 class TtsModel:
-    """A text-to-speech model directory."""
+    """A text-to-speech model directory: Piper/VITS, Kokoro, Kitten or Matcha (+ its vocoder)."""
 
     id: str
     kind: str
     path: Path
     files: dict[str, str]
     voices: list[str]
-    espeak_voice: str = "en-us"
+    espeak: list[str]          # the espeak-ng voice that phonemizes text for each of `voices`
+    sample_rate: int
+
+    def sherpa_config(self):
+        import sherpa_onnx as so
+        f = self.files
+        if self.kind == "kokoro":
+            family = {"kokoro": so.OfflineTtsKokoroModelConfig(model=f["model"], voices=f["voices"], tokens=f["tokens"])}
+        elif self.kind == "kitten":
+            family = {"kitten": so.OfflineTtsKittenModelConfig(model=f["model"], voices=f["voices"], tokens=f["tokens"])}
+        elif self.kind == "matcha":
+            family = {"matcha": so.OfflineTtsMatchaModelConfig(acoustic_model=f["model"], vocoder=f.get("vocoder", ""),
+                                                               tokens=f["tokens"])}
+        else:
+            family = {"vits": so.OfflineTtsVitsModelConfig(model=f["model"], tokens=f["tokens"])}
+        return so.OfflineTtsConfig(model=so.OfflineTtsModelConfig(num_threads=1, **family))
+
+
+def _onnx_info(path: Path, what: str) -> onnxinfo.OnnxInfo:
+    try:
+        return onnxinfo.read(path)
+    except (OSError, onnxinfo.OnnxFormatError) as e:
+        raise ModelLoadError(f"{path} is not a readable ONNX {what} model ({e})") from None
+
+
+def _metadata_int(meta: dict[str, str], key: str, path: Path) -> int:
+    try:
+        return int(meta[key])
+    except (KeyError, ValueError):
+        raise ModelLoadError(f"{path}: metadata '{key}' must be an integer, got {meta.get(key)!r}") from None
+
+
+def _check_metadata(kind: str, meta: dict[str, str], path: Path, required: tuple[str, ...]) -> None:
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise ModelLoadError(f"{path} lacks the metadata sherpa-onnx needs for a {kind} model: "
+                             f"{', '.join(missing)} (use the sherpa-onnx release of this model)")
+
+
+def _check_styles(kind: str, meta: dict[str, str], model: Path, voices: Path) -> None:
+    """voices.bin must hold n_speakers x the style_dim in the metadata (sherpa-onnx exits otherwise)."""
+    try:
+        dims = [int(x) for x in meta["style_dim"].split(",")]
+    except ValueError:
+        raise ModelLoadError(f"{model}: metadata style_dim {meta['style_dim']!r} is not a list of integers") from None
+    if (kind == "kokoro" and (len(dims) != 3 or dims[1] != 1)) or (kind == "kitten" and len(dims) != 2) \
+            or any(d <= 0 for d in dims):
+        raise ModelLoadError(f"{model}: metadata style_dim {meta['style_dim']!r} does not fit a {kind} model")
+    speakers = _metadata_int(meta, "n_speakers", model)
+    expected = speakers * int(np.prod(dims)) * 4
+    if voices.stat().st_size != expected:
+        raise ModelLoadError(f"{voices} holds {voices.stat().st_size} bytes; {speakers} voices of style {dims} "
+                             f"need {expected} (a truncated or mismatched voices.bin)")
+    if kind == "kitten" and meta.get("model_type") != "kitten-tts":
+        raise ModelLoadError(f"{model}: a kitten model needs model_type=kitten-tts in its metadata")
+
+
+def _kokoro_language(speaker: str, default: str) -> str:
+    """The espeak-ng voice for a Kokoro speaker: its name starts with a language and a gender letter."""
+    if re.match(r"^[a-z][fm](_|$)", speaker):
+        return _KOKORO_LANGUAGES.get(speaker[0], default)
+    return default
+
+
+def _espeak_ok(voice: str) -> bool:
+    from piper_phonemize import phonemize_espeak
+    try:
+        phonemize_espeak("a", voice)
+        return True
+    except Exception:  # piper-phonemize raises a bare RuntimeError for an unknown voice
+        return False
+
+
+def _find_vocoder(d: Path) -> Path | None:
+    """A HiFi-GAN or Vocos vocoder in the model directory or beside it (sherpa-onnx ships them apart)."""
+    for where in (d, d.parent):
+        for p in sorted(where.glob("*.onnx")):
+            if where != d and not any(k in p.name.lower() for k in ("vocos", "hifigan", "vocoder")):
+                continue
+            try:
+                if onnxinfo.read(p).metadata.get("model_type") in _VOCODER_TYPES:
+                    return p
+            except (OSError, onnxinfo.OnnxFormatError):
+                continue
+    return None
 
 
 def sniff_tts(path: Path) -> TtsModel:
-    """Recognise a Piper/VITS voice (the types that take phonemes from piper-phonemize here)."""
+    """Recognise a TTS model directory from its files and the metadata sherpa-onnx reads, and check
+    everything sherpa-onnx would otherwise end the process over."""
     d = _model_dir(path, "TTS")
-    tokens = _one(d, "tokens.txt")
-    if _one(d, "voices.bin"):
-        kind = "kokoro" if "kokoro" in d.name.lower() else "kitten"
-        raise ModelLoadError(f"{d} is a {kind} model: llamadesk synthesizes with Piper/VITS voices so far "
-                             "(kitten, kokoro and matcha need a phonemizer that is not wired in yet)")
-    onnx_files = [p for p in sorted(d.glob("*.onnx"))]
-    if not onnx_files or not tokens:
-        raise ModelLoadError(f"{d} does not look like a sherpa-onnx TTS model (a .onnx voice and tokens.txt)")
-    model = onnx_files[0]
-    voices, espeak = [], "en-us"
-    cfg_path = Path(str(model) + ".json")
+    tokens = d / "tokens.txt"
+    candidates = [Path(path)] if Path(path).is_file() else sorted(d.glob("*.onnx"))
+    found = None
+    for p in candidates:
+        if not p.name.endswith(".onnx"):
+            continue
+        meta = _onnx_info(p, "TTS").metadata
+        kind = _TTS_TYPES.get(meta.get("model_type", ""))
+        if kind is None and meta.get("comment") == "piper":
+            kind = "vits"
+        if kind:
+            found = (p, kind, meta)
+            break
+    if found is None:
+        raise ModelLoadError(f"{d} does not look like a sherpa-onnx TTS model (an .onnx file whose metadata names "
+                             "vits, kokoro, kitten-tts or matcha-tts, and tokens.txt)")
+    model, kind, meta = found
+    if not tokens.is_file():
+        raise ModelLoadError(f"{d} has no tokens.txt beside {model.name}")
+    _check_metadata(kind, meta, model, _TTS_REQUIRED[kind])
+    files = {"model": str(model), "tokens": str(tokens)}
+    if kind in ("kokoro", "kitten"):
+        voices_bin = d / "voices.bin"
+        if not voices_bin.is_file():
+            raise ModelLoadError(f"{d} has no voices.bin (a {kind} model keeps its voices there)")
+        _check_styles(kind, meta, model, voices_bin)
+        files["voices"] = str(voices_bin)
+    if kind == "matcha" and _onnx_info(model, "TTS").outputs[:1] != ["audio_output"]:
+        vocoder = _find_vocoder(d)
+        if vocoder is None:
+            raise ModelLoadError(f"{d} holds a Matcha acoustic model but no vocoder: put vocos-22khz-univ.onnx or "
+                                 f"hifigan_v2.onnx from sherpa-onnx's vocoder-models in {d}")
+        files["vocoder"] = str(vocoder)
+    speakers = _metadata_int(meta, "n_speakers", model)
+    sample_rate = _metadata_int(meta, "sample_rate", model)
+    default_voice = meta.get("voice") or "en-us"
+    names = [n.strip() for n in meta.get("speaker_names", "").split(",") if n.strip()]
+    cfg_path = Path(str(model) + ".json")  # a Piper voice's own config
     if cfg_path.exists():
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        espeak = cfg.get("espeak", {}).get("voice", espeak)
+        default_voice = cfg.get("espeak", {}).get("voice", default_voice)
         ids = cfg.get("speaker_id_map") or {}
-        voices = sorted(ids, key=ids.get) if ids else [cfg.get("dataset") or model.stem]
-    return TtsModel(d.name, "vits", d, {"model": str(model), "tokens": tokens, "data_dir": ""},
-                    voices or [model.stem], espeak)
+        names = sorted(ids, key=ids.get) if ids else [cfg.get("dataset") or model.stem]
+    if len(names) != max(1, speakers):
+        names = [model.stem if kind == "vits" else d.name] if speakers <= 1 else [f"speaker-{i}" for i in range(speakers)]
+    espeak = [_kokoro_language(n, default_voice) if kind == "kokoro" else default_voice for n in names]
+    for voice in set(espeak):  # an espeak-ng voice piper-phonemize lacks falls back to American English
+        if not _espeak_ok(voice):
+            log.warning("%s: espeak-ng has no voice %r; its speakers are phonemized as en-us", d.name, voice)
+            espeak = ["en-us" if v == voice else v for v in espeak]
+    return TtsModel(d.name, kind, d, files, names, espeak, sample_rate)
 
 
 _SENTENCE = re.compile(r"(?<=[.!?;:])\s+")
@@ -367,12 +530,9 @@ class TtsService:
 
         def make():
             import sherpa_onnx
-            tts = sherpa_onnx.OfflineTts(sherpa_onnx.OfflineTtsConfig(model=sherpa_onnx.OfflineTtsModelConfig(
-                vits=sherpa_onnx.OfflineTtsVitsModelConfig(model=m.files["model"], tokens=m.files["tokens"]),
-                num_threads=1)))
-            return tts
+            return sherpa_onnx.OfflineTts(m.sherpa_config())
         self.pool = _Pool("tts", 1, 16, make)
-        self.sample_rate = 22050
+        self.sample_rate = m.sample_rate
         self.speakers = len(m.voices)
         # VITS samples its durations, so the same text never comes out the same twice; recent results
         # are kept so that asking again (another format, a replay, a save) gives the very same audio
@@ -422,7 +582,7 @@ class TtsService:
             from piper_phonemize import phonemize_espeak
             g = sherpa_onnx.GenerationConfig()
             g.sid, g.speed = sid, speed
-            g.phoneme_codepoints = [[ord(c) for c in p] for p in phonemize_espeak(text, m.espeak_voice)]
+            g.phoneme_codepoints = [[ord(c) for c in p] for p in phonemize_espeak(text, m.espeak[sid])]
             audio = tts.generate(text, g)
             samples = np.asarray(audio.samples, dtype=np.float32)
             return (samples, audio.sample_rate), len(samples) / audio.sample_rate

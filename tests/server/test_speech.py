@@ -3,11 +3,13 @@ Silero VAD — all real sherpa-onnx models, audio encoded and decoded by FFmpeg 
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import json
 import re
 import time
 import urllib.error
 import urllib.request
+import wave
 
 import numpy as np
 import openai
@@ -199,6 +201,48 @@ def test_a_broken_speech_model_degrades_instead_of_failing(assets, tmp_path):
         assert srv.get("/v1/stats")["asr"]["state"] == "error"
         status, body = upload(srv, "/vad", wav_bytes(np.zeros(16000), 16000))  # the shipped VAD still works
         assert status == 200 and body["spans"] == [], body
+        assert srv.client().chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=2).choices
+    finally:
+        srv.stop()
+
+
+def test_a_kokoro_model_serves_its_voices_through_the_openai_client(assets, tts_standins, tmp_path):
+    """Kokoro (the stand-in with Kokoro's interface: a tone per voice) served like any TTS model."""
+    from tests.assets import tts_standins as st
+    srv = LiveServer(["--model", str(assets["tiny"]), "--tts", str(tts_standins["kokoro"])], "", tmp_path)
+    try:
+        listed = srv.get("/v1/audio/voices")
+        assert listed["model"] == "kokoro-multi-lang-v1_0" and listed["voices"] == list(st.KOKORO_VOICES)
+        assert "kokoro-multi-lang-v1_0" in [m["id"] for m in srv.get("/v1/models")["data"]]
+        client = srv.client()
+        for k, voice in enumerate(st.KOKORO_VOICES):
+            audio = client.audio.speech.create(model="tts-1", voice=voice, input="Hello there.").read()
+            samples = decode(audio, st.RATE)
+            assert abs(np.argmax(np.abs(np.fft.rfft(samples))) * st.RATE / len(samples) - st.VOICE_HZ[k]) < 5, voice
+        wav = client.audio.speech.create(model="kokoro-multi-lang-v1_0", voice="alloy", input=SENTENCES[0]).read()
+        mp3 = client.audio.speech.create(model="tts-1", voice="alloy", input=SENTENCES[0], response_format="mp3").read()
+        with wave.open(io.BytesIO(wav)) as w:
+            assert w.getframerate() == st.RATE  # served at the model's own rate
+        a, b = decode(wav, st.RATE), decode(mp3, st.RATE)
+        assert len(a) > 20 * st.HOP and abs(len(b) - len(a)) < 0.05 * len(a)
+    finally:
+        srv.stop()
+
+
+def test_a_kokoro_model_with_a_short_voices_file_degrades(assets, tts_standins, tmp_path):
+    """sherpa-onnx would end the process over it; llamadesk refuses it, says why, and keeps serving."""
+    import shutil
+    broken = tmp_path / "kokoro"
+    shutil.copytree(tts_standins["kokoro"], broken)
+    (broken / "voices.bin").write_bytes((broken / "voices.bin").read_bytes()[:1000])
+    srv = LiveServer(["--model", str(assets["tiny"]), "--tts", str(broken)], "", tmp_path)
+    try:
+        with pytest.raises(openai.APIStatusError) as err:
+            srv.client().audio.speech.create(model="tts-1", voice="alloy", input="Hello.")
+        assert err.value.status_code == 503
+        message = err.value.body["message"] if isinstance(err.value.body, dict) else str(err.value)
+        assert "no text-to-speech model loaded" in message and "voices.bin" in message, message
         assert srv.client().chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}],
                                                     max_tokens=2).choices
     finally:

@@ -1,0 +1,155 @@
+"""Speech model recognition: every TTS family sherpa-onnx runs (Piper/VITS, Kokoro, Kitten, Matcha) is
+sniffed from its folder and synthesizes through the real sherpa-onnx, and a model sherpa-onnx would end
+the process over (missing metadata, a short voices.bin, no vocoder, a truncated file) is refused with a
+load error first. Kokoro, Kitten and Matcha are the stand-ins of tests/assets/tts_standins.py: their
+audio is a tone whose length counts the phoneme tokens and whose pitch names the voice."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from piper_phonemize import phonemize_espeak
+
+from engine.errors import ModelLoadError
+from engine.speech import onnxinfo
+from engine.speech.services import TtsService, sniff_asr, sniff_tts
+from tests.assets import tts_standins as st
+
+TEXT = "The weather is nice today."
+
+
+def pitch(samples: np.ndarray, rate: int) -> float:
+    spectrum = np.abs(np.fft.rfft(samples * np.hanning(len(samples))))
+    return float(np.argmax(spectrum) * rate / len(samples))
+
+
+def synthesize(path: Path, voice: str | None = None, speed: float = 1.0, text: str = TEXT):
+    async def go():
+        svc = TtsService(path)
+        try:
+            return await svc.synthesize(text, voice, speed)
+        finally:
+            svc.pool.close()
+    return asyncio.run(go())
+
+
+def onnx_files(assets, tts_standins) -> list[Path]:
+    return sorted([*Path(assets["whisper"]).glob("*.onnx"), *Path(assets["piper"]).glob("*.onnx"), assets["vad"],
+                   *(p for d in tts_standins.values() for p in d.glob("*.onnx"))])
+
+
+def test_onnx_info_reads_what_the_onnx_package_reads(assets, tts_standins):
+    for path in onnx_files(assets, tts_standins):
+        info = onnxinfo.read(path)
+        model = onnx.load(str(path), load_external_data=False)
+        initializers = {t.name for t in model.graph.initializer}
+        assert info.metadata == {e.key: e.value for e in model.metadata_props}, path
+        assert info.inputs == [i.name for i in model.graph.input if i.name not in initializers], path
+        assert info.outputs == [o.name for o in model.graph.output], path
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_onnx_info_refuses_what_is_not_a_model(assets, tmp_path, damage):
+    data = (Path(assets["piper"]) / "en_US-joe-medium.onnx").read_bytes()
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes({"truncated": data[:len(data) // 2], "garbage": np.random.default_rng(1).bytes(4096),
+                     "empty": b""}[damage])
+    with pytest.raises(onnxinfo.OnnxFormatError):
+        onnxinfo.read(bad)
+
+
+@pytest.mark.parametrize("family, voices, rate", [
+    ("kokoro", list(st.KOKORO_VOICES), st.RATE), ("kitten", list(st.KITTEN_VOICES), st.RATE),
+    ("matcha", ["matcha-icefall-en_US-ljspeech"], st.MATCHA_RATE)])
+def test_each_family_is_recognised_from_its_folder(tts_standins, family, voices, rate):
+    m = sniff_tts(tts_standins[family])
+    assert (m.kind, m.voices, m.sample_rate) == (family, voices, rate)
+    if family == "matcha":
+        assert Path(m.files["vocoder"]).name == "hifigan_v2.onnx"
+    else:
+        assert Path(m.files["voices"]).name == "voices.bin"
+
+
+def test_piper_voice_is_still_a_vits_model(assets):
+    m = sniff_tts(assets["piper"])
+    assert (m.kind, m.voices, m.espeak, m.sample_rate) == ("vits", ["joe"], ["en-us"], 22050)
+
+
+def test_kokoro_speakers_are_phonemized_in_their_own_language(tts_standins):
+    m = sniff_tts(tts_standins["kokoro"])
+    assert dict(zip(m.voices, m.espeak)) == {"af_heart": "en-us", "bf_emma": "en", "ef_dora": "es"}
+    text = "Buenos días, mi amigo."
+    for voice, lang in (("ef_dora", "es"), ("af_heart", "en-us")):
+        samples, _ = synthesize(tts_standins["kokoro"], voice, text=text)
+        phonemes = sum(len(s) for s in phonemize_espeak(text, lang))
+        assert len(samples) == (phonemes + 2) * st.HOP, voice  # Kokoro pads the tokens at both ends
+
+
+@pytest.mark.parametrize("family", ["kokoro", "kitten", "matcha"])
+def test_each_family_synthesizes_the_chosen_voice_at_the_chosen_speed(tts_standins, family):
+    path = tts_standins[family]
+    voices = sniff_tts(path).voices
+    for k, voice in enumerate(voices):
+        samples, rate = synthesize(path, voice)
+        assert rate == (st.MATCHA_RATE if family == "matcha" else st.RATE)
+        assert abs(pitch(samples, rate) - st.VOICE_HZ[k]) < 5, (voice, pitch(samples, rate))
+    normal, _ = synthesize(path, voices[0])
+    fast, _ = synthesize(path, voices[0], speed=2.0)
+    assert len(normal) > 20 * st.HOP and abs(len(fast) / len(normal) - 0.5) < 0.02
+    longer, _ = synthesize(path, voices[0], text=TEXT + " " + TEXT)  # twice the phonemes, about twice the audio
+    assert 1.8 < len(longer) / len(normal) < 2.2
+
+
+def test_openai_voice_names_map_onto_the_models_voices(tts_standins):
+    samples, rate = synthesize(tts_standins["kokoro"], "echo")  # OpenAI's voices in order, modulo the model's
+    assert abs(pitch(samples, rate) - st.VOICE_HZ[("alloy", "ash", "ballad", "coral", "echo").index("echo") % 3]) < 5
+
+
+def _strip_metadata(path: Path, *keys: str) -> None:
+    model = onnx.load(str(path))
+    kept = [(e.key, e.value) for e in model.metadata_props if e.key not in keys]
+    del model.metadata_props[:]
+    for k, v in kept:
+        e = model.metadata_props.add()
+        e.key, e.value = k, v
+    onnx.save(model, str(path))
+
+
+def _copy(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("family, damage, says", [
+    ("kokoro", lambda d: (d / "voices.bin").write_bytes((d / "voices.bin").read_bytes()[:-4]), "voices.bin"),
+    ("kokoro", lambda d: (d / "voices.bin").unlink(), "no voices.bin"),
+    ("kokoro", lambda d: _strip_metadata(d / "model.onnx", "style_dim"), "style_dim"),
+    ("kokoro", lambda d: (d / "model.onnx").write_bytes((d / "model.onnx").read_bytes()[:300]), "not a readable ONNX"),
+    ("kitten", lambda d: _strip_metadata(d / "model.fp16.onnx", "has_espeak"), "has_espeak"),
+    ("kitten", lambda d: (d / "tokens.txt").unlink(), "no tokens.txt"),
+    ("matcha", lambda d: (d / "hifigan_v2.onnx").unlink(), "no vocoder"),
+    ("matcha", lambda d: _strip_metadata(d / "model-steps-3.onnx", "pad_id", "use_eos_bos"), "use_eos_bos"),
+])
+def test_a_model_sherpa_onnx_would_exit_over_is_refused_first(tts_standins, tmp_path, family, damage, says):
+    d = _copy(tts_standins[family], tmp_path)
+    damage(d)
+    with pytest.raises(ModelLoadError) as err:
+        TtsService(d)
+    assert says in err.value.message
+
+
+def test_a_whisper_export_without_its_metadata_is_refused_first(assets, tmp_path):
+    d = _copy(Path(assets["whisper"]), tmp_path)
+    _strip_metadata(next(d.glob("*-encoder.onnx")), "n_mels", "sot_sequence")
+    with pytest.raises(ModelLoadError) as err:
+        sniff_asr(d)
+    assert "n_mels" in err.value.message and "sot_sequence" in err.value.message
+
+
+def test_whisper_language_support_comes_from_its_metadata(assets):
+    assert sniff_asr(assets["whisper"]).can_translate is False  # tiny.en: is_multilingual = 0
