@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QObject, QUrl, Signal
+from PySide6.QtCore import QBuffer, QIODevice, QObject, QUrl, Signal
 
 from engine.speech.audio import encode
 
@@ -34,6 +34,7 @@ class AudioIO(QObject):
 
     recorded = Signal(bytes)  # a WAV file of what was recorded
     problem = Signal(str)
+    devices_changed = Signal()  # a microphone or speaker came or went (the buttons follow)
 
     def __init__(self) -> None:
         super().__init__()
@@ -41,15 +42,34 @@ class AudioIO(QObject):
         self._source = None
         self._buffer: QBuffer | None = None
         self._tmp = Path(tempfile.mkdtemp(prefix="llamadesk-audio-"))
+        self._devices = None
+        if UNAVAILABLE is None:
+            self._devices = QMediaDevices(self)
+            self._devices.audioInputsChanged.connect(self.devices_changed)
+            self._devices.audioOutputsChanged.connect(self.devices_changed)
+
+    def why_not(self, what: str) -> str | None:
+        """Why `what` ("play" or "record") cannot happen now, or None when it can."""
+        if UNAVAILABLE:
+            return UNAVAILABLE
+        if what == "record" and QMediaDevices.defaultAudioInput().isNull():
+            return "no microphone found (is a sound server such as PipeWire or PulseAudio running?)"
+        if what == "play" and QMediaDevices.defaultAudioOutput().isNull():
+            return "no audio output device found (is a sound server such as PipeWire or PulseAudio running?)"
+        return None
 
     @property
-    def available(self) -> bool:
-        return UNAVAILABLE is None
+    def can_play(self) -> bool:
+        return self.why_not("play") is None
+
+    @property
+    def can_record(self) -> bool:
+        return self.why_not("record") is None
 
     def play(self, wav: bytes) -> None:
         """Play a WAV file (replacing whatever plays)."""
-        if UNAVAILABLE:
-            self.problem.emit(UNAVAILABLE)
+        if (why := self.why_not("play")) is not None:
+            self.problem.emit(why)
             return
         if self._player is None:
             self._player = QMediaPlayer(self)
@@ -63,18 +83,15 @@ class AudioIO(QObject):
 
     def start_recording(self) -> bool:
         """Record 16 kHz mono from the default microphone until stop_recording()."""
-        if UNAVAILABLE:
-            self.problem.emit(UNAVAILABLE)
+        if (why := self.why_not("record")) is not None:
+            self.problem.emit(why)
             return False
         device = QMediaDevices.defaultAudioInput()
-        if device.isNull():
-            self.problem.emit("no microphone found")
-            return False
         fmt = QAudioFormat()
         fmt.setSampleRate(16000)
         fmt.setChannelCount(1)
         fmt.setSampleFormat(QAudioFormat.SampleFormat.Int16)
-        self._buffer = QBuffer(QByteArray(), self)
+        self._buffer = QBuffer(self)  # owns its bytes (a QByteArray passed in would have to outlive it)
         self._buffer.open(QIODevice.OpenModeFlag.WriteOnly)
         self._source = QAudioSource(device, fmt, self)
         self._source.start(self._buffer)

@@ -134,6 +134,8 @@ class ChatPanel(QWidget):
         bridge.transcript_ready.connect(self.on_transcript_ready)
         if audio_io is not None:
             audio_io.recorded.connect(self.on_recorded)
+            audio_io.devices_changed.connect(self.follow_devices)
+            self.follow_devices()
         self.on_models_changed()
 
     # ---- building a request ----------------------------------------------------------------
@@ -215,6 +217,11 @@ class ChatPanel(QWidget):
 
     # ---- voice ---------------------------------------------------------------------------------
 
+    def follow_devices(self) -> None:
+        why = self.audio_io.why_not("record")
+        self.mic_button.setEnabled(why is None or self.audio_io.recording)
+        self.mic_button.setToolTip(why or "Record a message (transcribed with the speech-to-text model)")
+
     def toggle_mic(self) -> None:
         if self.audio_io is None:
             return
@@ -252,8 +259,10 @@ class ChatPanel(QWidget):
         if rid in self._speech_ids:
             self._speech_ids.discard(rid)
             self.last_speech = result
-            if self.audio_io is not None and self.audio_io.available:
+            if self.audio_io is not None and self.audio_io.can_play:
                 self.audio_io.play(result["wav"])
+            elif self.audio_io is not None:
+                self.status.setText(f"not played: {self.audio_io.why_not('play')}")
 
     def on_anchor_clicked(self, url: QUrl) -> None:
         if url.scheme() == "think":

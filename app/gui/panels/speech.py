@@ -60,9 +60,9 @@ class SpeechPanel(QWidget):
         self.use_speech_button.clicked.connect(self.transcribe_last_speech)
         self.export_srt.clicked.connect(lambda: self.ask_export("srt"))
         self.export_vtt.clicked.connect(lambda: self.ask_export("vtt"))
-        if not audio_io.available:
-            self.record_button.setEnabled(False)
-            self.record_button.setToolTip(str(audio_io_unavailable()))
+        audio_io.devices_changed.connect(self.follow_devices)
+        audio_io.problem.connect(self.status_problem)
+        self.follow_devices()
         self.wave = pg.PlotWidget()
         self.wave.setBackground(None)
         self.wave.setMouseEnabled(False, False)
@@ -139,8 +139,10 @@ class SpeechPanel(QWidget):
             with open(self._save_to, "wb") as f:
                 f.write(data)
             self.status.setText(f"saved {seconds:.1f} s to {self._save_to}")
-        elif self.audio_io.available:
+        elif self.audio_io.can_play:
             self.audio_io.play(result["wav"])
+        else:
+            self.status.setText(f"{seconds:.1f} s of speech (not played: {self.audio_io.why_not('play')}; Save… keeps it)")
 
     def ask_save(self) -> None:
         fmt = self.format.currentText()
@@ -166,6 +168,16 @@ class SpeechPanel(QWidget):
         dlg.setFileMode(QFileDialog.FileMode.ExistingFile)
         dlg.fileSelected.connect(lambda path: self.transcribe_bytes(open(path, "rb").read()))
         dlg.open()
+
+    def follow_devices(self) -> None:
+        """The Record button is on when there is a microphone, and says why not otherwise."""
+        why = self.audio_io.why_not("record")
+        self.record_button.setEnabled(why is None or self.audio_io.recording)
+        self.record_button.setToolTip(why or "Record from the default microphone; press again to stop and transcribe")
+
+    def status_problem(self, message: str) -> None:
+        if self.isVisible():
+            self.status.setText(message)
 
     def toggle_recording(self) -> None:
         if self.audio_io.recording:
@@ -214,6 +226,3 @@ class SpeechPanel(QWidget):
         dlg.open()
 
 
-def audio_io_unavailable() -> str | None:
-    from app.gui.audio_io import UNAVAILABLE
-    return UNAVAILABLE
