@@ -187,9 +187,9 @@ class AsrModel:
         if self.kind == "moonshine":
             return R.from_moonshine(preprocessor=f["preprocess"], encoder=f["encode"], uncached_decoder=f["uncached"],
                                     cached_decoder=f["cached"], tokens=f["tokens"], num_threads=1)
-        if self.kind == "transducer":
+        if self.kind in ("transducer", "nemo_transducer"):
             return R.from_transducer(encoder=f["encoder"], decoder=f["decoder"], joiner=f["joiner"],
-                                     tokens=f["tokens"], num_threads=1, model_type="nemo_transducer")
+                                     tokens=f["tokens"], num_threads=1, model_type=self.kind)
         if self.kind == "sense_voice":
             return R.from_sense_voice(model=f["model"], tokens=f["tokens"], num_threads=1, use_itn=True)
         if self.kind == "paraformer":
@@ -220,7 +220,8 @@ _ASR_REQUIRED = {
     "whisper": ("encoder", ("n_mels", "n_text_layer", "n_text_ctx", "n_text_state", "n_vocab", "sot", "eot",
                             "blank_id", "translate", "transcribe", "is_multilingual", "no_timestamps", "no_speech",
                             "sot_sequence")),
-    "transducer": ("encoder", ("vocab_size", "subsampling_factor", "pred_rnn_layers", "pred_hidden")),
+    "nemo_transducer": ("encoder", ("vocab_size", "subsampling_factor", "pred_rnn_layers", "pred_hidden")),
+    "transducer": ("decoder", ("vocab_size", "context_size")),
     "nemo_ctc": ("model", ("vocab_size", "subsampling_factor")),
     "sense_voice": ("model", ("vocab_size", "lfr_window_size", "lfr_window_shift", "with_itn", "without_itn",
                               "lang_auto", "lang_zh", "lang_en", "lang_ja", "lang_ko", "lang_yue", "neg_mean",
@@ -255,18 +256,24 @@ def _sniff_asr_files(path: Path) -> AsrModel:
                                                  "encode": _one(d, "encode*.onnx"),
                                                  "uncached": _one(d, "uncached_decode*.onnx"),
                                                  "cached": _one(d, "cached_decode*.onnx"), "tokens": tokens})
-    if enc and dec and joiner and tokens:
-        return AsrModel(d.name, "transducer", d, {"encoder": enc, "decoder": dec, "joiner": joiner, "tokens": tokens})
+    if enc and dec and joiner and tokens:  # NeMo's encoder carries its prediction network's shape; icefall's does not
+        kind = "nemo_transducer" if "pred_rnn_layers" in _onnx_info(Path(enc), "ASR").metadata else "transducer"
+        return AsrModel(d.name, kind, d, {"encoder": enc, "decoder": dec, "joiner": joiner, "tokens": tokens})
     if enc and dec and tokens:  # sherpa-onnx's whisper export: <name>-encoder/-decoder.onnx, <name>-tokens.txt
         multilingual = not Path(enc).name.split("-encoder")[0].endswith(".en")
         return AsrModel(d.name, "whisper", d, {"encoder": enc, "decoder": dec, "tokens": tokens}, multilingual)
     model = _one(d, "model*.onnx")
-    if model and tokens:
-        name = d.name.lower()
-        kind = "sense_voice" if "sense" in name else "paraformer" if "paraformer" in name else "nemo_ctc"
+    if model and tokens:  # one model file: its metadata tells SenseVoice, Paraformer and NeMo CTC apart
+        meta, name = _onnx_info(Path(model), "ASR").metadata, d.name.lower()
+        if "with_itn" in meta or "lang_auto" in meta or ("sense" in name and "lfr_window_size" not in meta):
+            kind = "sense_voice"
+        elif "lfr_window_size" in meta or "paraformer" in name:
+            kind = "paraformer"
+        else:
+            kind = "nemo_ctc"
         return AsrModel(d.name, kind, d, {"model": model, "tokens": tokens})
-    raise ModelLoadError(f"{d} does not look like a sherpa-onnx ASR model (whisper, moonshine, NeMo transducer/CTC, "
-                         "SenseVoice or Paraformer)")
+    raise ModelLoadError(f"{d} does not look like a sherpa-onnx ASR model (whisper, moonshine, NeMo or icefall "
+                         "transducer, NeMo CTC, SenseVoice or Paraformer)")
 
 
 @dataclass

@@ -153,3 +153,58 @@ def test_a_whisper_export_without_its_metadata_is_refused_first(assets, tmp_path
 
 def test_whisper_language_support_comes_from_its_metadata(assets):
     assert sniff_asr(assets["whisper"]).can_translate is False  # tiny.en: is_multilingual = 0
+
+
+def _onnx_with(path: Path, **metadata) -> None:
+    """A trivial ONNX graph carrying the metadata a sherpa-onnx export would."""
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for k, v in metadata.items():
+        e = model.metadata_props.add()
+        e.key, e.value = k, str(v)
+    onnx.save(model, str(path))
+
+
+SENSE_VOICE = dict(model_type="sense_voice_ctc", vocab_size=25055, lfr_window_size=7, lfr_window_shift=6,
+                   with_itn=14, without_itn=15, lang_auto=0, lang_zh=3, lang_en=4, lang_ja=11, lang_ko=12,
+                   lang_yue=7, neg_mean="0", inv_stddev="1", normalize_samples=0)
+PARAFORMER = dict(model_type="paraformer", vocab_size=8404, lfr_window_size=7, lfr_window_shift=6, neg_mean="0",
+                  inv_stddev="1")
+NEMO_CTC = dict(model_type="EncDecCTCModelBPE", vocab_size=1024, subsampling_factor=8, normalize_type="per_feature")
+NEMO_ENCODER = dict(model_type="EncDecRNNTBPEModel", vocab_size=1024, subsampling_factor=8, pred_rnn_layers=1,
+                    pred_hidden=640, normalize_type="per_feature")
+
+
+@pytest.mark.parametrize("folder, files, kind", [
+    ("sherpa-onnx-model-a", {"model.int8.onnx": SENSE_VOICE}, "sense_voice"),
+    ("sherpa-onnx-model-b", {"model.int8.onnx": PARAFORMER}, "paraformer"),
+    ("sherpa-onnx-model-c", {"model.onnx": NEMO_CTC}, "nemo_ctc"),
+    ("sherpa-onnx-model-d", {"encoder.onnx": NEMO_ENCODER, "decoder.onnx": {}, "joiner.onnx": {}}, "nemo_transducer"),
+    ("sherpa-onnx-model-e", {"encoder-epoch-99.onnx": {"model_type": "zipformer2"},
+                             "decoder-epoch-99.onnx": {"vocab_size": 500, "context_size": 2},
+                             "joiner-epoch-99.onnx": {}}, "transducer"),
+])
+def test_asr_families_are_told_apart_by_their_metadata(tmp_path, folder, files, kind):
+    d = tmp_path / folder  # a name that says nothing: the metadata decides
+    d.mkdir()
+    (d / "tokens.txt").write_text("<blk> 0\na 1\n")
+    for name, meta in files.items():
+        _onnx_with(d / name, **meta)
+    assert sniff_asr(d).kind == kind
+
+
+@pytest.mark.parametrize("files, missing", [
+    ({"model.onnx": {k: v for k, v in SENSE_VOICE.items() if k != "lang_yue"}}, "lang_yue"),
+    ({"model.onnx": {k: v for k, v in NEMO_CTC.items() if k != "subsampling_factor"}}, "subsampling_factor"),
+    ({"encoder.onnx": {}, "decoder.onnx": {"vocab_size": 500}, "joiner.onnx": {}}, "context_size"),
+])
+def test_asr_models_missing_what_sherpa_onnx_reads_are_refused(tmp_path, files, missing):
+    (tmp_path / "tokens.txt").write_text("<blk> 0\n")
+    for name, meta in files.items():
+        _onnx_with(tmp_path / name, **meta)
+    with pytest.raises(ModelLoadError) as err:
+        sniff_asr(tmp_path)
+    assert missing in err.value.message
