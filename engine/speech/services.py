@@ -549,10 +549,15 @@ class TtsService:
     def id(self) -> str:
         return self.model.id
 
-    def voice_id(self, voice: str | None) -> int:
-        """A voice name (the model's own, or one of OpenAI's) as a speaker id."""
-        if not voice:
+    def voice_id(self, voice: str | int | None) -> int:
+        """A voice name (the model's own, or one of OpenAI's) or a speaker id (an int or digits) as a speaker id."""
+        if voice is None or voice == "":
             return 0
+        if isinstance(voice, int) or voice.isdigit():
+            if int(voice) < len(self.model.voices):
+                return int(voice)
+            raise InvalidRequest(f"speaker id {voice} is out of range: this model has {len(self.model.voices)} "
+                                 f"voices (0-{len(self.model.voices) - 1})", "voice")
         if voice in self.model.voices:
             return self.model.voices.index(voice)
         if voice in OPENAI_VOICES:

@@ -100,7 +100,9 @@ async def speech(request: web.Request) -> web.StreamResponse:
     f = Fields(await read_json(request), "audio.speech")
     model = f.get("model", str)
     text = f.get("input", str)
-    voice = f.get("voice", str)
+    voice = f.get("voice", (str, int), what="a voice name or a speaker id")
+    if isinstance(voice, int) and voice < 0:
+        raise InvalidRequest(f"'voice' as a speaker id must be >= 0, got {voice}", "voice")
     speed = f.get("speed", float, 1.0)
     fmt = f.get("response_format", str, "wav")
     f.get("stream_format", str)

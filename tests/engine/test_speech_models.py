@@ -14,7 +14,7 @@ import onnx
 import pytest
 from piper_phonemize import phonemize_espeak
 
-from engine.errors import ModelLoadError
+from engine.errors import InvalidRequest, ModelLoadError
 from engine.speech import onnxinfo
 from engine.speech.services import TtsService, sniff_asr, sniff_tts
 from tests.assets import tts_standins as st
@@ -107,6 +107,15 @@ def test_each_family_synthesizes_the_chosen_voice_at_the_chosen_speed(tts_standi
 def test_openai_voice_names_map_onto_the_models_voices(tts_standins):
     samples, rate = synthesize(tts_standins["kokoro"], "echo")  # OpenAI's voices in order, modulo the model's
     assert abs(pitch(samples, rate) - st.VOICE_HZ[("alloy", "ash", "ballad", "coral", "echo").index("echo") % 3]) < 5
+
+
+def test_voices_can_be_chosen_by_speaker_id(tts_standins):
+    for voice in (2, "2"):
+        samples, rate = synthesize(tts_standins["kokoro"], voice)
+        assert abs(pitch(samples, rate) - st.VOICE_HZ[2]) < 5
+    with pytest.raises(InvalidRequest) as err:
+        synthesize(tts_standins["kokoro"], "3")
+    assert "out of range" in err.value.message and err.value.param == "voice"
 
 
 def _strip_metadata(path: Path, *keys: str) -> None:
