@@ -215,7 +215,8 @@ def _model_dir(path: Path, what: str) -> Path:
     return d
 
 
-# The file whose metadata sherpa-onnx reads for each ASR type, and the keys it reads without a default.
+# The file whose metadata sherpa-onnx reads for each ASR type, and the keys it reads without a default
+# (from its model loaders; a missing one ends the process).
 _ASR_REQUIRED = {
     "whisper": ("encoder", ("n_mels", "n_text_layer", "n_text_ctx", "n_text_state", "n_vocab", "sot", "eot",
                             "blank_id", "translate", "transcribe", "is_multilingual", "no_timestamps", "no_speech",
@@ -223,28 +224,70 @@ _ASR_REQUIRED = {
     "nemo_transducer": ("encoder", ("vocab_size", "subsampling_factor", "pred_rnn_layers", "pred_hidden")),
     "transducer": ("decoder", ("vocab_size", "context_size")),
     "nemo_ctc": ("model", ("vocab_size", "subsampling_factor")),
-    "sense_voice": ("model", ("vocab_size", "lfr_window_size", "lfr_window_shift", "with_itn", "without_itn",
-                              "lang_auto", "lang_zh", "lang_en", "lang_ja", "lang_ko", "lang_yue", "neg_mean",
-                              "inv_stddev")),
+    "sense_voice": ("model", ("vocab_size", "lfr_window_size", "lfr_window_shift", "normalize_samples")),
     "paraformer": ("model", ("vocab_size", "lfr_window_size", "lfr_window_shift", "neg_mean", "inv_stddev")),
 }
+_SENSE_VOICE_TAGS = ("with_itn", "without_itn", "lang_auto", "lang_zh", "lang_en", "lang_ja", "lang_ko", "lang_yue",
+                     "neg_mean", "inv_stddev")  # all but FunASR Nano exports
+_CTC_BLANKS = ("<blk>", "<eps>", "<blank>")
+
+
+def _check_asr_metadata(kind: str, meta: dict[str, str], path: Path) -> None:
+    required = _ASR_REQUIRED[kind][1]
+    if kind == "sense_voice" and "Nano" not in meta.get("comment", ""):
+        required += _SENSE_VOICE_TAGS
+    if kind == "whisper" and _truthy(meta.get("is_multilingual", "0")):
+        required += ("all_language_tokens", "all_language_codes")
+    _check_metadata(kind, meta, path, required)
+    if kind == "whisper" and _truthy(meta["is_multilingual"]):
+        if len(meta["all_language_tokens"].split(",")) != len(meta["all_language_codes"].split(",")):
+            raise ModelLoadError(f"{path}: all_language_tokens and all_language_codes differ in length")
+
+
+def _truthy(value: str) -> bool:
+    return value.strip() not in ("", "0", "false", "False")
+
+
+def _token_symbols(path: Path) -> set[str]:
+    symbols = set()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            parts = line.rstrip("\n").rsplit(" ", 1)
+            if len(parts) == 2:
+                symbols.add(parts[0])
+    return symbols
 
 
 def sniff_asr(path: Path) -> AsrModel:
-    """Recognise the model type from the files in a directory (or beside a file), and check the metadata
-    sherpa-onnx would otherwise end the process over."""
+    """Recognise the model type from the files in a directory (or beside a file), and check what
+    sherpa-onnx would otherwise end the process over: the metadata it reads, a CTC blank in tokens.txt."""
     model = _sniff_asr_files(path)
     for role, f in model.files.items():
         if f is None:
             raise ModelLoadError(f"{model.path} is missing the {role} file of a {model.kind} model")
-        if f.endswith(".onnx"):
+        if f.endswith(".onnx") and role == _ASR_REQUIRED.get(model.kind, ("",))[0]:
             meta = _onnx_info(Path(f), "ASR").metadata
-            file_role, required = _ASR_REQUIRED.get(model.kind, ("", ()))
-            if role == file_role:
-                _check_metadata(model.kind, meta, Path(f), required)
-                if model.kind == "whisper":
-                    model.multilingual = meta["is_multilingual"].strip() not in ("0", "false", "False")
+            _check_asr_metadata(model.kind, meta, Path(f))
+            if model.kind == "whisper":
+                model.multilingual = _truthy(meta["is_multilingual"])
+    if model.kind == "nemo_ctc" and not _token_symbols(Path(model.files["tokens"])) & set(_CTC_BLANKS):
+        raise ModelLoadError(f"{model.files['tokens']} has no CTC blank symbol ({', '.join(_CTC_BLANKS)})")
+    if model.kind == "paraformer" and "</s>" not in _token_symbols(Path(model.files["tokens"])):
+        raise ModelLoadError(f"{model.files['tokens']} has no </s> (a Paraformer's decoding ends there)")
+    if model.kind in ("paraformer", "sense_voice"):
+        _check_cmvn(_onnx_info(Path(model.files["model"]), "ASR").metadata, Path(model.files["model"]))
     return model
+
+
+def _check_cmvn(meta: dict[str, str], path: Path) -> None:
+    """SenseVoice/Paraformer normalise 80 fbank bins x the LFR window with these vectors, read unchecked."""
+    if "neg_mean" not in meta:  # FunASR Nano exports carry none
+        return
+    need = 80 * int(meta["lfr_window_size"]) if meta["lfr_window_size"].strip().isdigit() else -1
+    for key in ("neg_mean", "inv_stddev"):
+        have = len([v for v in meta[key].split(",") if v.strip()])
+        if have != need:
+            raise ModelLoadError(f"{path}: metadata {key} holds {have} values; 80 x lfr_window_size = {need} needed")
 
 
 def _sniff_asr_files(path: Path) -> AsrModel:

@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.assets.onnx_util import save
+
 _CT2_TYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
 
 
@@ -246,13 +248,7 @@ def whisper_to_onnx(ct2_dir: Path, out_dir: Path, name: str) -> None:
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     for graph, suffix, metadata in ((encoder, "encoder", meta), (decoder, "decoder", {})):
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="llamadesk-tests")
-        model.ir_version = 8
-        for k, v in metadata.items():
-            entry = model.metadata_props.add()
-            entry.key, entry.value = k, str(v)
-        onnx.checker.check_model(model)
-        onnx.save(model, out_dir / f"{name}-{suffix}.onnx")
+        save(graph, out_dir / f"{name}-{suffix}.onnx", metadata)
     # tokens: each token's raw bytes, base64 (byte-level BPE symbols mapped back to bytes)
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     to_byte, extra = {}, 0

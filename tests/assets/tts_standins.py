@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from tests.assets.onnx_util import const, save
+
 HOP = 300            # samples per token (Kokoro/Kitten) or per vocoder frame group (Matcha)
 RATE = 24000         # Kokoro and Kitten are 24 kHz models
 MATCHA_RATE = 22050
@@ -44,24 +46,10 @@ def _tokens_txt(path: Path) -> None:
     path.write_text("".join(f"{ch} {i}\n" for i, ch in enumerate(seen)), encoding="utf-8")
 
 
-def _save(graph: onnx.GraphProto, path: Path, metadata: dict) -> None:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="llamadesk-tests")
-    model.ir_version = 8
-    for key, value in metadata.items():
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, str(value)
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-
-
-def _const(name: str, value, dtype=np.float32) -> onnx.NodeProto:
-    return helper.make_node("Constant", [], [name], value=onnx.numpy_helper.from_array(np.asarray(value, dtype), name))
-
-
 def _tone_nodes(samples: str, hz: str, out: str, rate: int) -> list[onnx.NodeProto]:
     """out = 0.3 * sin(2 pi hz t / rate) for t in range(floor(samples)); samples and hz are float scalars."""
     return [
-        _const("zero", 0.0), _const("one", 1.0), _const("w", 2 * math.pi / rate), _const("amp", 0.3),
+        const("zero", 0.0), const("one", 1.0), const("w", 2 * math.pi / rate), const("amp", 0.3),
         helper.make_node("Floor", [samples], ["n_samples"]),
         helper.make_node("Range", ["zero", "n_samples", "one"], ["t"]),
         helper.make_node("Mul", ["t", hz], ["t_hz"]),
@@ -75,7 +63,7 @@ def _token_count(tokens: str) -> list[onnx.NodeProto]:
     """n_tokens: the float length of a (1, N) int64 tensor."""
     return [
         helper.make_node("Shape", [tokens], ["tok_shape"]),
-        _const("axis1", [1], np.int64),
+        const("axis1", [1], np.int64),
         helper.make_node("Gather", ["tok_shape", "axis1"], ["n_tok_i"]),
         helper.make_node("Cast", ["n_tok_i"], ["n_tok_1"], to=TensorProto.FLOAT),
         helper.make_node("ReduceSum", ["n_tok_1"], ["n_tokens"], keepdims=0),
@@ -85,7 +73,7 @@ def _token_count(tokens: str) -> list[onnx.NodeProto]:
 def _styled_graph(name: str, token_input: str, style_dim: int, output: str) -> onnx.GraphProto:
     """tokens (1, N), style (1, D), speed (1,) -> audio (T,): the Kokoro/Kitten signature."""
     nodes = _token_count(token_input) + [
-        _const("hop", float(HOP)), _const("khz", 1000.0),
+        const("hop", float(HOP)), const("khz", 1000.0),
         helper.make_node("ReduceSum", ["speed"], ["speed_s"], keepdims=0),
         helper.make_node("Mul", ["n_tokens", "hop"], ["len_1x"]),
         helper.make_node("Div", ["len_1x", "speed_s"], ["len"]),
@@ -110,7 +98,7 @@ def make_kokoro(out: Path) -> None:
     """Like kokoro-multi-lang-v1_0/: model.onnx, voices.bin, tokens.txt."""
     out.mkdir(parents=True, exist_ok=True)
     rows, dim = 64, 16
-    _save(_styled_graph("kokoro-standin", "tokens", dim, "audio"), out / "model.onnx", {
+    save(_styled_graph("kokoro-standin", "tokens", dim, "audio"), out / "model.onnx", {
         "model_type": "kokoro", "language": "multi-lang, e.g., English, Chinese", "has_espeak": 1,
         "sample_rate": RATE, "version": 2, "voice": "en-us", "style_dim": f"{rows},1,{dim}",
         "n_speakers": len(KOKORO_VOICES), "speaker_names": ",".join(KOKORO_VOICES),
@@ -123,7 +111,7 @@ def make_kitten(out: Path) -> None:
     """Like kitten-nano-en-v0_2-fp16/: model.fp16.onnx, voices.bin, tokens.txt."""
     out.mkdir(parents=True, exist_ok=True)
     rows, dim = 1, 16
-    _save(_styled_graph("kitten-standin", "input_ids", dim, "waveform"), out / "model.fp16.onnx", {
+    save(_styled_graph("kitten-standin", "input_ids", dim, "waveform"), out / "model.fp16.onnx", {
         "model_type": "kitten-tts", "language": "English", "has_espeak": 1, "sample_rate": RATE,
         "version": 1, "voice": "en-us", "style_dim": f"{rows},{dim}", "n_speakers": len(KITTEN_VOICES),
         "speaker_names": ",".join(KITTEN_VOICES),
@@ -138,16 +126,16 @@ def make_matcha(out: Path) -> None:
     256 samples of a 220 Hz tone per frame."""
     out.mkdir(parents=True, exist_ok=True)
     nodes = _token_count("x") + [
-        _const("fpt", float(MATCHA_FRAMES_PER_TOKEN)),
+        const("fpt", float(MATCHA_FRAMES_PER_TOKEN)),
         helper.make_node("ReduceSum", ["length_scale"], ["ls"], keepdims=0),
         helper.make_node("Mul", ["n_tokens", "fpt"], ["frames_1x"]),
         helper.make_node("Mul", ["frames_1x", "ls"], ["frames_f"]),
         helper.make_node("Floor", ["frames_f"], ["frames_fl"]),
         helper.make_node("Cast", ["frames_fl"], ["frames"], to=TensorProto.INT64),
-        _const("mel_head", [1, 80], np.int64), _const("axis0", [0], np.int64),
+        const("mel_head", [1, 80], np.int64), const("axis0", [0], np.int64),
         helper.make_node("Unsqueeze", ["frames", "axis0"], ["frames_1"]),
         helper.make_node("Concat", ["mel_head", "frames_1"], ["mel_shape"], axis=0),
-        _const("one_f", [1.0]),
+        const("one_f", [1.0]),
         helper.make_node("Expand", ["one_f", "mel_shape"], ["mel"]),
     ]
     acoustic = helper.make_graph(
@@ -157,17 +145,17 @@ def make_matcha(out: Path) -> None:
          helper.make_tensor_value_info("noise_scale", TensorProto.FLOAT, [1]),
          helper.make_tensor_value_info("length_scale", TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("mel", TensorProto.FLOAT, [1, 80, "F"])])
-    _save(acoustic, out / "model-steps-3.onnx", {
+    save(acoustic, out / "model-steps-3.onnx", {
         "model_type": "matcha-tts", "language": "English", "voice": "en-us", "has_espeak": 1, "jieba": 0,
         "n_speakers": 1, "sample_rate": MATCHA_RATE, "version": 1, "pad_id": 0, "use_eos_bos": 1,
         "comment": "llamadesk test stand-in with Matcha-TTS's interface"})
     vnodes = [
         helper.make_node("Shape", ["mel"], ["mel_dims"]),
-        _const("axis2", [2], np.int64),
+        const("axis2", [2], np.int64),
         helper.make_node("Gather", ["mel_dims", "axis2"], ["n_frames_i"]),
         helper.make_node("Cast", ["n_frames_i"], ["n_frames_1"], to=TensorProto.FLOAT),
         helper.make_node("ReduceSum", ["n_frames_1"], ["n_frames"], keepdims=0),
-        _const("mhop", float(MATCHA_HOP)), _const("hz_per_unit", VOICE_HZ[0]),
+        const("mhop", float(MATCHA_HOP)), const("hz_per_unit", VOICE_HZ[0]),
         helper.make_node("Mul", ["n_frames", "mhop"], ["n_samp"]),
         helper.make_node("ReduceMean", ["mel"], ["mel_mean"], keepdims=0),
         helper.make_node("Mul", ["mel_mean", "hz_per_unit"], ["vhz"]),
@@ -176,5 +164,5 @@ def make_matcha(out: Path) -> None:
         vnodes, "hifigan-standin",
         [helper.make_tensor_value_info("mel", TensorProto.FLOAT, [1, 80, "F"])],
         [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["T"])])
-    _save(vocoder, out / "hifigan_v2.onnx", {"model_type": "hifigan", "comment": "llamadesk test stand-in"})
+    save(vocoder, out / "hifigan_v2.onnx", {"model_type": "hifigan", "comment": "llamadesk test stand-in"})
     _tokens_txt(out / "tokens.txt")

@@ -143,12 +143,18 @@ def _copy(src: Path, tmp_path: Path) -> Path:
     ("kitten", lambda d: (d / "tokens.txt").unlink(), "no tokens.txt"),
     ("matcha", lambda d: (d / "hifigan_v2.onnx").unlink(), "no vocoder"),
     ("matcha", lambda d: _strip_metadata(d / "model-steps-3.onnx", "pad_id", "use_eos_bos"), "use_eos_bos"),
+    ("paraformer", lambda d: (d / "tokens.txt").write_text(
+        "".join(l for l in (d / "tokens.txt").read_text().splitlines(True) if not l.startswith("</s>"))), "</s>"),
+    ("sense_voice", lambda d: _strip_metadata(d / "model.int8.onnx", "normalize_samples"), "normalize_samples"),
+    ("nemo_ctc", lambda d: (d / "tokens.txt").write_text("a 0\nb 1\n"), "blank"),
 ])
-def test_a_model_sherpa_onnx_would_exit_over_is_refused_first(tts_standins, tmp_path, family, damage, says):
-    d = _copy(tts_standins[family], tmp_path)
+def test_a_model_sherpa_onnx_would_fail_on_is_refused_first(tts_standins, asr_standins, tmp_path, family, damage,
+                                                             says):
+    """sherpa-onnx ends the process over most of these (the rest raise an unclear IndexError)."""
+    d = _copy({**tts_standins, **asr_standins}[family], tmp_path)
     damage(d)
     with pytest.raises(ModelLoadError) as err:
-        TtsService(d)
+        TtsService(d) if family in tts_standins else sniff_asr(d)
     assert says in err.value.message
 
 
@@ -177,11 +183,11 @@ def _onnx_with(path: Path, **metadata) -> None:
     onnx.save(model, str(path))
 
 
+CMVN = dict(neg_mean=",".join(["0"] * 560), inv_stddev=",".join(["1"] * 560))  # 80 fbank bins x LFR window 7
 SENSE_VOICE = dict(model_type="sense_voice_ctc", vocab_size=25055, lfr_window_size=7, lfr_window_shift=6,
                    with_itn=14, without_itn=15, lang_auto=0, lang_zh=3, lang_en=4, lang_ja=11, lang_ko=12,
-                   lang_yue=7, neg_mean="0", inv_stddev="1", normalize_samples=0)
-PARAFORMER = dict(model_type="paraformer", vocab_size=8404, lfr_window_size=7, lfr_window_shift=6, neg_mean="0",
-                  inv_stddev="1")
+                   lang_yue=7, normalize_samples=0, **CMVN)
+PARAFORMER = dict(model_type="paraformer", vocab_size=8404, lfr_window_size=7, lfr_window_shift=6, **CMVN)
 NEMO_CTC = dict(model_type="EncDecCTCModelBPE", vocab_size=1024, subsampling_factor=8, normalize_type="per_feature")
 NEMO_ENCODER = dict(model_type="EncDecRNNTBPEModel", vocab_size=1024, subsampling_factor=8, pred_rnn_layers=1,
                     pred_hidden=640, normalize_type="per_feature")
@@ -199,7 +205,7 @@ NEMO_ENCODER = dict(model_type="EncDecRNNTBPEModel", vocab_size=1024, subsamplin
 def test_asr_families_are_told_apart_by_their_metadata(tmp_path, folder, files, kind):
     d = tmp_path / folder  # a name that says nothing: the metadata decides
     d.mkdir()
-    (d / "tokens.txt").write_text("<blk> 0\na 1\n")
+    (d / "tokens.txt").write_text("<blk> 0\n</s> 1\na 2\n")
     for name, meta in files.items():
         _onnx_with(d / name, **meta)
     assert sniff_asr(d).kind == kind
@@ -217,3 +223,34 @@ def test_asr_models_missing_what_sherpa_onnx_reads_are_refused(tmp_path, files, 
     with pytest.raises(ModelLoadError) as err:
         sniff_asr(tmp_path)
     assert missing in err.value.message
+
+
+@pytest.mark.parametrize("family", ["nemo_ctc", "sense_voice", "paraformer"])
+def test_each_asr_family_decodes_through_sherpa_onnx(asr_standins, family):
+    """The stand-ins spell PHRASE whatever they hear: the text coming back means sherpa-onnx ran the model with
+    the configuration llamadesk built, several spans batched in one decode."""
+    from engine.speech.services import AsrService
+    from tests.assets.asr_standins import PHRASE
+    assert sniff_asr(asr_standins[family]).kind == family
+    noise = (0.05 * np.random.default_rng(3).standard_normal(16000 * 40)).astype(np.float32)
+
+    async def go():
+        asr = AsrService(asr_standins[family], 1, None)
+        try:
+            return await asr.transcribe(noise, segments=False)  # 40 s: two windows of up to 28 s, one decode
+        finally:
+            asr.pool.close()
+    t = asyncio.run(go())
+    assert [s["text"] for s in t.segments] == [PHRASE, PHRASE] and t.text == f"{PHRASE} {PHRASE}"
+
+
+def test_sense_voice_normalisation_vectors_must_fit_its_features(asr_standins, tmp_path):
+    d = _copy(asr_standins["sense_voice"], tmp_path)
+    model = onnx.load(str(d / "model.int8.onnx"))
+    for e in model.metadata_props:
+        if e.key == "neg_mean":
+            e.value = ",".join(["0"] * 80)
+    onnx.save(model, str(d / "model.int8.onnx"))
+    with pytest.raises(ModelLoadError) as err:
+        sniff_asr(d)
+    assert "neg_mean holds 80 values" in err.value.message

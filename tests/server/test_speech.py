@@ -252,3 +252,23 @@ def test_a_kokoro_model_with_a_short_voices_file_degrades(assets, tts_standins, 
                                                     max_tokens=2).choices
     finally:
         srv.stop()
+
+
+def test_a_sense_voice_model_transcribes_through_the_openai_client(assets, asr_standins, tmp_path):
+    """SenseVoice (the stand-in with its interface, which spells 'hello world' whatever it hears) served like
+    whisper: aliases, formats, /v1/models, and a clear 400 for translation, which only whisper can do."""
+    from tests.assets.asr_standins import PHRASE
+    srv = LiveServer(["--model", str(assets["tiny"]), "--asr", str(asr_standins["sense_voice"]),
+                      "--tts", str(assets["piper"])], "", tmp_path)
+    try:
+        clip = speak(srv, SENTENCES[0])  # real speech, so that the VAD finds a span for the subtitles
+        client = srv.client()
+        assert client.audio.transcriptions.create(model="whisper-1", file=("a.wav", clip)).text == PHRASE
+        srt = client.audio.transcriptions.create(model="sherpa-onnx-sense-voice-zh-en-ja-ko-yue-2024-07-17",
+                                                 file=("a.wav", clip), response_format="srt")
+        assert PHRASE in srt and "-->" in srt
+        assert "sherpa-onnx-sense-voice-zh-en-ja-ko-yue-2024-07-17" in [m["id"] for m in srv.get("/v1/models")["data"]]
+        status, body = upload(srv, "/v1/audio/translations", clip, model="whisper-1")
+        assert status == 400 and "cannot translate" in body["error"]["message"], body
+    finally:
+        srv.stop()

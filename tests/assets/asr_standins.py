@@ -1,0 +1,139 @@
+"""Stand-ins for the single-file ASR families no package registry carries (NeMo CTC, SenseVoice,
+Paraformer), in the layout of sherpa-onnx's release folders: model.int8.onnx + tokens.txt with the
+metadata its loaders read and each family's inputs and outputs. Whatever audio they hear, they emit
+logits spelling PHRASE, so a test can check that sherpa-onnx ran the model through the configuration
+llamadesk built (features, batching, the family's decoder, tokens) and that the text comes back.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from tests.assets.onnx_util import const, save
+
+PHRASE = "hello world"
+FEAT = 80          # fbank bins sherpa-onnx computes for these families
+LFR = (7, 6)       # SenseVoice/Paraformer low-frame-rate window and shift: 80 x 7 = 560 inputs per frame
+
+
+def _rows(ids: list[int], vocab: int, fill: int) -> np.ndarray:
+    """Logits whose argmax is ids[i] at step i, and `fill` after the last one."""
+    table = np.full((len(ids) + 1, vocab), -10.0, np.float32)
+    for i, t in enumerate(ids + [fill]):
+        table[i, t] = 10.0
+    return table
+
+
+def _spell(ids: list[int], vocab: int, fill: int, batch: str, steps: str, out: str) -> list[onnx.NodeProto]:
+    """out[b, i] = the row of _rows for step min(i, len(ids)) — (B, steps, vocab) from int64 scalars."""
+    return [
+        const("table", _rows(ids, vocab, fill)), const("zero_i", 0, np.int64), const("one_i", 1, np.int64),
+        const("last_i", len(ids), np.int64), const("vocab", [vocab], np.int64),
+        helper.make_node("Range", ["zero_i", steps, "one_i"], ["step"]),
+        helper.make_node("Min", ["step", "last_i"], ["row"]),
+        helper.make_node("Gather", ["table", "row"], ["spelled"], axis=0),        # (steps, vocab)
+        helper.make_node("Unsqueeze", ["spelled", "axis0"], ["spelled_1"]),       # (1, steps, vocab)
+        const("axis0", [0], np.int64),
+        helper.make_node("Reshape", [batch, "minus1"], ["batch_1"]), const("minus1", [-1], np.int64),
+        helper.make_node("Reshape", [steps, "minus1"], ["steps_1"]),
+        helper.make_node("Concat", ["batch_1", "steps_1", "vocab"], ["out_shape"], axis=0),
+        helper.make_node("Expand", ["spelled_1", "out_shape"], [out]),
+    ]
+
+
+def _batch_and_frames(features: str, time_axis: int) -> list[onnx.NodeProto]:
+    """Scalars `batch` and `frames`: the sizes of axes 0 and time_axis of features."""
+    return [
+        helper.make_node("Shape", [features], ["dims"]),
+        const("i0", [0], np.int64), const("i_time", [time_axis], np.int64),
+        helper.make_node("Gather", ["dims", "i0"], ["batch"]),
+        helper.make_node("Gather", ["dims", "i_time"], ["frames_1"]),
+        helper.make_node("Squeeze", ["frames_1"], ["frames"]),
+    ]
+
+
+def _ordered(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """Constants first, so every node's inputs exist before it (ONNX graphs are topologically sorted)."""
+    return [n for n in nodes if n.op_type == "Constant"] + [n for n in nodes if n.op_type != "Constant"]
+
+
+def _tokens(path: Path, symbols: list[str]) -> dict[str, int]:
+    path.write_text("".join(f"{s} {i}\n" for i, s in enumerate(symbols)), encoding="utf-8")
+    return {s: i for i, s in enumerate(symbols)}
+
+
+def make_nemo_ctc(out: Path) -> None:
+    """Like sherpa-onnx-nemo-ctc-en-conformer-small/: model.int8.onnx (audio_signal (B, 80, T), length) ->
+    logprobs (B, T / 4, V); BPE tokens with the blank last, as NeMo exports them."""
+    out.mkdir(parents=True, exist_ok=True)
+    ids = _tokens(out / "tokens.txt", ["<unk>", "▁hel", "lo", "▁world", "<blk>"])
+    blank = ids["<blk>"]
+    spelled = [ids["▁hel"], blank, ids["lo"], blank, ids["▁world"]]
+    nodes = _batch_and_frames("audio_signal", 2) + [
+        const("sub", 4, np.int64),
+        helper.make_node("Div", ["frames", "sub"], ["steps"]),
+    ] + _spell(spelled, len(ids), blank, "batch", "steps", "logprobs")
+    graph = helper.make_graph(
+        _ordered(nodes), "nemo-ctc-standin",
+        [helper.make_tensor_value_info("audio_signal", TensorProto.FLOAT, ["B", FEAT, "T"]),
+         helper.make_tensor_value_info("length", TensorProto.INT64, ["B"])],
+        [helper.make_tensor_value_info("logprobs", TensorProto.FLOAT, ["B", "T2", len(ids)])])
+    save(graph, out / "model.int8.onnx", {
+        "model_type": "EncDecCTCModelBPE", "vocab_size": len(ids), "subsampling_factor": 4,
+        "normalize_type": "per_feature", "comment": "llamadesk test stand-in with NeMo CTC's interface"})
+
+
+def _cmvn() -> dict[str, str]:
+    n = FEAT * LFR[0]
+    return {"neg_mean": ",".join(["0"] * n), "inv_stddev": ",".join(["1"] * n)}
+
+
+def make_sense_voice(out: Path) -> None:
+    """Like sherpa-onnx-sense-voice-zh-en-ja-ko-yue-2024-07-17/: model.int8.onnx (x (B, T, 560), x_length,
+    language, text_norm) -> logits (B, T + 4, V) whose first four steps are the language, emotion, event and
+    text-normalisation tags."""
+    out.mkdir(parents=True, exist_ok=True)
+    symbols = ["<unk>", "<s>", "</s>", "<|en|>", "<|NEUTRAL|>", "<|Speech|>", "<|withitn|>", "<|woitn|>",
+               "<|zh|>", "<|ja|>", "<|ko|>", "<|yue|>", "<|nospeech|>", "▁hello", "▁world"]
+    ids = _tokens(out / "tokens.txt", symbols)
+    spelled = [ids["<|en|>"], ids["<|NEUTRAL|>"], ids["<|Speech|>"], ids["<|withitn|>"], ids["▁hello"], 0,
+               ids["▁world"]]
+    nodes = _batch_and_frames("x", 1) + [
+        const("four", 4, np.int64),
+        helper.make_node("Add", ["frames", "four"], ["steps"]),
+    ] + _spell(spelled, len(ids), 0, "batch", "steps", "logits")
+    graph = helper.make_graph(
+        _ordered(nodes), "sense-voice-standin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", FEAT * LFR[0]]),
+         helper.make_tensor_value_info("x_length", TensorProto.INT32, ["B"]),
+         helper.make_tensor_value_info("language", TensorProto.INT32, ["B"]),
+         helper.make_tensor_value_info("text_norm", TensorProto.INT32, ["B"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "T4", len(ids)])])
+    save(graph, out / "model.int8.onnx", {
+        "model_type": "sense_voice_ctc", "vocab_size": len(ids), "lfr_window_size": LFR[0],
+        "lfr_window_shift": LFR[1], "normalize_samples": 0, "with_itn": ids["<|withitn|>"],
+        "without_itn": ids["<|woitn|>"], "lang_auto": 0, "lang_zh": ids["<|zh|>"], "lang_en": ids["<|en|>"],
+        "lang_ja": ids["<|ja|>"], "lang_ko": ids["<|ko|>"], "lang_yue": ids["<|yue|>"], **_cmvn(),
+        "comment": "llamadesk test stand-in with SenseVoice's interface"})
+
+
+def make_paraformer(out: Path) -> None:
+    """Like sherpa-onnx-paraformer-en-2024-03-09/: model.int8.onnx (speech (B, T, 560), speech_lengths) ->
+    logits (B, N, V) read until </s>, and token_num."""
+    out.mkdir(parents=True, exist_ok=True)
+    ids = _tokens(out / "tokens.txt", ["<blank>", "<s>", "</s>", "hello", "world", "<unk>"])
+    nodes = _batch_and_frames("speech", 1) + [const("steps", 4, np.int64), const("two", [2], np.int32)] + _spell([ids["hello"], ids["world"]], len(ids), ids["</s>"], "batch", "steps", "logits") + [
+        helper.make_node("Expand", ["two", "batch_1"], ["token_num"]),  # batch_1: (B,) made by _spell
+    ]
+    graph = helper.make_graph(
+        _ordered(nodes), "paraformer-standin",
+        [helper.make_tensor_value_info("speech", TensorProto.FLOAT, ["B", "T", FEAT * LFR[0]]),
+         helper.make_tensor_value_info("speech_lengths", TensorProto.INT32, ["B"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "N", len(ids)]),
+         helper.make_tensor_value_info("token_num", TensorProto.INT32, ["B"])])
+    save(graph, out / "model.int8.onnx", {
+        "model_type": "paraformer", "vocab_size": len(ids), "lfr_window_size": LFR[0], "lfr_window_shift": LFR[1],
+        **_cmvn(), "comment": "llamadesk test stand-in with Paraformer's interface"})
