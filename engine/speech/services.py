@@ -187,6 +187,8 @@ class AsrModel:
         if self.kind == "moonshine":
             return R.from_moonshine(preprocessor=f["preprocess"], encoder=f["encode"], uncached_decoder=f["uncached"],
                                     cached_decoder=f["cached"], tokens=f["tokens"], num_threads=1)
+        if self.kind == "moonshine_v2":
+            return R.from_moonshine_v2(encoder=f["encoder"], decoder=f["decoder"], tokens=f["tokens"], num_threads=1)
         if self.kind in ("transducer", "nemo_transducer"):
             return R.from_transducer(encoder=f["encoder"], decoder=f["decoder"], joiner=f["joiner"],
                                      tokens=f["tokens"], num_threads=1, model_type=self.kind)
@@ -299,6 +301,10 @@ def _sniff_asr_files(path: Path) -> AsrModel:
                                                  "encode": _one(d, "encode*.onnx"),
                                                  "uncached": _one(d, "uncached_decode*.onnx"),
                                                  "cached": _one(d, "cached_decode*.onnx"), "tokens": tokens})
+    v2_enc = _one(d, "encoder_model*.ort") or _one(d, "encoder_model*.onnx")
+    v2_dec = _one(d, "decoder_model_merged*.ort") or _one(d, "decoder_model_merged*.onnx")
+    if v2_enc and v2_dec and tokens:  # Moonshine v2: an encoder and one merged decoder (ORT format)
+        return AsrModel(d.name, "moonshine_v2", d, {"encoder": v2_enc, "decoder": v2_dec, "tokens": tokens})
     if enc and dec and joiner and tokens:  # NeMo's encoder carries its prediction network's shape; icefall's does not
         kind = "nemo_transducer" if "pred_rnn_layers" in _onnx_info(Path(enc), "ASR").metadata else "transducer"
         return AsrModel(d.name, kind, d, {"encoder": enc, "decoder": dec, "joiner": joiner, "tokens": tokens})
@@ -315,7 +321,7 @@ def _sniff_asr_files(path: Path) -> AsrModel:
         else:
             kind = "nemo_ctc"
         return AsrModel(d.name, kind, d, {"model": model, "tokens": tokens})
-    raise ModelLoadError(f"{d} does not look like a sherpa-onnx ASR model (whisper, moonshine, NeMo or icefall "
+    raise ModelLoadError(f"{d} does not look like a sherpa-onnx ASR model (whisper, moonshine v1/v2, NeMo or icefall "
                          "transducer, NeMo CTC, SenseVoice or Paraformer)")
 
 

@@ -198,6 +198,9 @@ NEMO_ENCODER = dict(model_type="EncDecRNNTBPEModel", vocab_size=1024, subsamplin
     ("sherpa-onnx-model-b", {"model.int8.onnx": PARAFORMER}, "paraformer"),
     ("sherpa-onnx-model-c", {"model.onnx": NEMO_CTC}, "nemo_ctc"),
     ("sherpa-onnx-model-d", {"encoder.onnx": NEMO_ENCODER, "decoder.onnx": {}, "joiner.onnx": {}}, "nemo_transducer"),
+    ("sherpa-onnx-model-f", {"preprocess.onnx": {}, "encode.int8.onnx": {}, "uncached_decode.int8.onnx": {},
+                             "cached_decode.int8.onnx": {}}, "moonshine"),
+    ("sherpa-onnx-model-g", {"encoder_model.ort": None, "decoder_model_merged.ort": None}, "moonshine_v2"),
     ("sherpa-onnx-model-e", {"encoder-epoch-99.onnx": {"model_type": "zipformer2"},
                              "decoder-epoch-99.onnx": {"vocab_size": 500, "context_size": 2},
                              "joiner-epoch-99.onnx": {}}, "transducer"),
@@ -207,7 +210,10 @@ def test_asr_families_are_told_apart_by_their_metadata(tmp_path, folder, files, 
     d.mkdir()
     (d / "tokens.txt").write_text("<blk> 0\n</s> 1\na 2\n")
     for name, meta in files.items():
-        _onnx_with(d / name, **meta)
+        if meta is None:  # ONNX Runtime's own format, which llamadesk does not read
+            (d / name).write_bytes(b"ORTM")
+        else:
+            _onnx_with(d / name, **meta)
     assert sniff_asr(d).kind == kind
 
 
