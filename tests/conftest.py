@@ -22,14 +22,15 @@ def assets() -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tts_standins(tmp_path_factory) -> dict[str, Path]:
-    """Kokoro, Kitten and Matcha model folders with their families' real interfaces (tests/assets/tts_standins.py)."""
+    """Kokoro, Kitten, Matcha and MMS (VITS by letters) model folders with their families' real interfaces (tests/assets/tts_standins.py)."""
     from tests.assets import tts_standins
     base = tmp_path_factory.mktemp("tts-standins")
     made = {"kokoro": base / "kokoro-multi-lang-v1_0", "kitten": base / "kitten-nano-en-v0_2-fp16",
-            "matcha": base / "matcha-icefall-en_US-ljspeech"}
+            "matcha": base / "matcha-icefall-en_US-ljspeech", "mms": base / "vits-mms-eng"}
     tts_standins.make_kokoro(made["kokoro"])
     tts_standins.make_kitten(made["kitten"])
     tts_standins.make_matcha(made["matcha"])
+    tts_standins.make_mms(made["mms"])
     return made
 
 

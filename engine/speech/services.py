@@ -432,6 +432,7 @@ class TtsModel:
     voices: list[str]
     espeak: list[str]          # the espeak-ng voice that phonemizes text for each of `voices`
     sample_rate: int
+    phonemes: bool = True      # phonemized here (espeak-ng), or the text itself goes in (character models)
 
     def sherpa_config(self):
         import sherpa_onnx as so
@@ -463,7 +464,7 @@ def _metadata_int(meta: dict[str, str], key: str, path: Path) -> int:
 
 
 def _check_metadata(kind: str, meta: dict[str, str], path: Path, required: tuple[str, ...]) -> None:
-    missing = [k for k in required if k not in meta]
+    missing = [k for k in required if not meta.get(k, "").strip()]  # sherpa-onnx reads "" as absent
     if missing:
         raise ModelLoadError(f"{path} lacks the metadata sherpa-onnx needs for a {kind} model: "
                              f"{', '.join(missing)} (use the sherpa-onnx release of this model)")
@@ -565,13 +566,19 @@ def sniff_tts(path: Path) -> TtsModel:
         ids = cfg.get("speaker_id_map") or {}
         names = sorted(ids, key=ids.get) if ids else [cfg.get("dataset") or model.stem]
     if len(names) != max(1, speakers):
-        names = [model.stem if kind == "vits" else d.name] if speakers <= 1 else [f"speaker-{i}" for i in range(speakers)]
+        single = model.stem if kind == "vits" and not model.stem.startswith("model") else d.name
+        names = [single] if speakers <= 1 else [f"speaker-{i}" for i in range(speakers)]
     espeak = [_kokoro_language(n, default_voice) if kind == "kokoro" else default_voice for n in names]
     for voice in set(espeak):  # an espeak-ng voice piper-phonemize lacks falls back to American English
         if not _espeak_ok(voice):
             log.warning("%s: espeak-ng has no voice %r; its speakers are phonemized as en-us", d.name, voice)
             espeak = ["en-us" if v == voice else v for v in espeak]
-    return TtsModel(d.name, kind, d, files, names, espeak, sample_rate)
+    spelled = kind == "vits" and meta.get("frontend") == "characters"  # MMS-style: text in, letter by letter
+    if kind == "vits" and not spelled and meta.get("has_espeak") != "1" and "piper" not in meta.get("comment", ""):
+        raise ModelLoadError(f"{model}: this VITS model reads text through its own lexicon (has_espeak is not 1); "
+                             "llamadesk synthesizes VITS voices phonemized by espeak-ng (Piper, Coqui) or spelled "
+                             "letter by letter (MMS)")
+    return TtsModel(d.name, kind, d, files, names, espeak, sample_rate, phonemes=not spelled)
 
 
 _SENTENCE = re.compile(r"(?<=[.!?;:])\s+")
@@ -643,7 +650,8 @@ class TtsService:
             from piper_phonemize import phonemize_espeak
             g = sherpa_onnx.GenerationConfig()
             g.sid, g.speed = sid, speed
-            g.phoneme_codepoints = [[ord(c) for c in p] for p in phonemize_espeak(text, m.espeak[sid])]
+            if m.phonemes:
+                g.phoneme_codepoints = [[ord(c) for c in p] for p in phonemize_espeak(text, m.espeak[sid])]
             audio = tts.generate(text, g)
             samples = np.asarray(audio.samples, dtype=np.float32)
             return (samples, audio.sample_rate), len(samples) / audio.sample_rate

@@ -166,3 +166,31 @@ def make_matcha(out: Path) -> None:
         [helper.make_tensor_value_info("audio", TensorProto.FLOAT, ["T"])])
     save(vocoder, out / "hifigan_v2.onnx", {"model_type": "hifigan", "comment": "llamadesk test stand-in"})
     _tokens_txt(out / "tokens.txt")
+
+
+MMS_LETTERS = " abcdefghijklmnopqrstuvwxyz'"
+
+
+def make_mms(out: Path) -> None:
+    """Like vits-mms-eng/: a VITS model spelling text letter by letter (frontend = characters): model.onnx
+    (x, x_length, noise_scale, length_scale, noise_scale_w) -> y, and tokens.txt of letters."""
+    out.mkdir(parents=True, exist_ok=True)
+    nodes = _token_count("x") + [
+        const("hop", float(HOP)), const("hz", VOICE_HZ[0]),
+        helper.make_node("ReduceSum", ["length_scale"], ["ls"], keepdims=0),
+        helper.make_node("Mul", ["n_tokens", "hop"], ["len_1x"]),
+        helper.make_node("Mul", ["len_1x", "ls"], ["len"]),
+    ] + _tone_nodes("len", "hz", "y", RATE)
+    graph = helper.make_graph(
+        nodes, "mms-standin",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [1, "N"]),
+         helper.make_tensor_value_info("x_length", TensorProto.INT64, [1]),
+         helper.make_tensor_value_info("noise_scale", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("length_scale", TensorProto.FLOAT, [1]),
+         helper.make_tensor_value_info("noise_scale_w", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T"])])
+    save(graph, out / "model.onnx", {
+        "model_type": "vits", "comment": "mms", "language": "English", "frontend": "characters", "add_blank": 1,
+        "n_speakers": 1, "sample_rate": RATE, "punctuation": ""})
+    (out / "tokens.txt").write_text("".join(f"{t} {i}\n" for i, t in enumerate(["_", *MMS_LETTERS])),
+                                    encoding="utf-8")

@@ -252,11 +252,38 @@ def test_each_asr_family_decodes_through_sherpa_onnx(asr_standins, family):
 
 def test_sense_voice_normalisation_vectors_must_fit_its_features(asr_standins, tmp_path):
     d = _copy(asr_standins["sense_voice"], tmp_path)
-    model = onnx.load(str(d / "model.int8.onnx"))
-    for e in model.metadata_props:
-        if e.key == "neg_mean":
-            e.value = ",".join(["0"] * 80)
-    onnx.save(model, str(d / "model.int8.onnx"))
+    _set_metadata(d / "model.int8.onnx", neg_mean=",".join(["0"] * 80))
     with pytest.raises(ModelLoadError) as err:
         sniff_asr(d)
     assert "neg_mean holds 80 values" in err.value.message
+
+
+def test_a_vits_model_that_spells_letters_gets_the_text_itself(tts_standins):
+    """MMS voices (frontend = characters) read letters, not espeak phonemes: the token count follows the text's
+    letters (with blanks between them), whatever espeak would have made of it."""
+    m = sniff_tts(tts_standins["mms"])
+    assert (m.kind, m.phonemes, m.sample_rate, m.voices) == ("vits", False, st.RATE, ["vits-mms-eng"])
+    short, _ = synthesize(tts_standins["mms"], text="abc")
+    longer, _ = synthesize(tts_standins["mms"], text="abc abc abc")  # 11 letters and spaces instead of 3
+    assert (len(longer) - len(short)) == 2 * 8 * st.HOP  # each extra character brings itself and a blank
+    assert sum(len(p) for p in phonemize_espeak("abc", "en-us")) != 3  # espeak would have said "eɪ biː siː"
+
+
+def _set_metadata(path: Path, **values: str) -> None:
+    model = onnx.load(str(path))
+    for e in model.metadata_props:
+        if e.key in values:
+            e.value = values[e.key]
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("values, says", [
+    ({"frontend": "", "comment": "icefall"}, "own lexicon"),  # a VITS voice reading text through lexicon.txt
+    ({"comment": ""}, "comment"),  # sherpa-onnx treats an empty value as absent (and exits)
+])
+def test_vits_models_llamadesk_cannot_feed_are_refused_with_a_reason(tts_standins, tmp_path, values, says):
+    d = _copy(tts_standins["mms"], tmp_path)
+    _set_metadata(d / "model.onnx", **values)
+    with pytest.raises(ModelLoadError) as err:
+        sniff_tts(d)
+    assert says in err.value.message
