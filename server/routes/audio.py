@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,7 @@ from engine.errors import InvalidRequest, ModelNotFound
 from engine.speech import audio
 from engine.speech.services import ASR_RATE, OPENAI_VOICES, check_tts_input
 from engine.speech.subtitles import subtitles
+from server import sse
 from server.errors import MAX_UPLOAD_KEY
 from server.keys import SERVICE
 from server.schemas import Fields, read_json
@@ -105,7 +107,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest(f"'voice' as a speaker id must be >= 0, got {voice}", "voice")
     speed = f.get("speed", float, 1.0)
     fmt = f.get("response_format", str, "wav")
-    f.get("stream_format", str)
+    stream_format = f.get("stream_format", str)
     f.get("instructions", str)
     f.log_ignored()
     svc = request.app[SERVICE].speech("tts")
@@ -116,8 +118,12 @@ async def speech(request: web.Request) -> web.StreamResponse:
     if fmt not in audio.FORMATS:
         raise InvalidRequest(f"response_format must be one of {', '.join(audio.FORMATS)}, got {fmt!r}",
                              "response_format")
+    if stream_format not in (None, "audio", "sse"):
+        raise InvalidRequest(f"stream_format must be 'audio' or 'sse', got {stream_format!r}", "stream_format")
     svc.voice_id(voice)  # an unknown voice is a 400 before any audio is made
-    if fmt in ("pcm", "mp3", "aac"):
+    if stream_format == "sse":
+        return await _speech_events(request, svc, text, voice, speed, fmt)
+    if fmt in CONCATENATE:
         # formats whose pieces concatenate: the first sentence leaves before the last is synthesized
         resp = web.StreamResponse(headers={"Content-Type": audio.FORMATS[fmt][2]})
         await resp.prepare(request)
@@ -130,6 +136,30 @@ async def speech(request: web.Request) -> web.StreamResponse:
     rate = parts[0][1]
     data, content_type = await asyncio.to_thread(audio.encode, np.concatenate([p for p, _ in parts]), rate, fmt)
     return web.Response(body=data, content_type=content_type.split(";")[0])
+
+
+CONCATENATE = ("pcm", "mp3", "aac")  # formats whose pieces, sent one after another, make one valid stream
+
+
+async def _speech_events(request: web.Request, svc, text: str, voice, speed: float, fmt: str) -> web.StreamResponse:
+    """OpenAI's `stream_format: "sse"`: speech.audio.delta events (base64 audio, a sentence at a time for the
+    formats that concatenate, the whole file at once for the others), then speech.audio.done. The TTS models
+    have no tokenizer: usage counts the input's characters."""
+    resp = await sse.open_stream(request)
+    parts = []
+    async for samples, rate in svc.sentences_audio(text, voice, speed):
+        if fmt in CONCATENATE:
+            data, _ = await asyncio.to_thread(audio.encode, samples, rate, fmt)
+            await resp.write(sse.event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}))
+        else:
+            parts.append((samples, rate))
+    if parts:
+        data, _ = await asyncio.to_thread(audio.encode, np.concatenate([p for p, _ in parts]), parts[0][1], fmt)
+        await resp.write(sse.event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}))
+    await resp.write(sse.event({"type": "speech.audio.done",
+                                "usage": {"input_tokens": len(text), "output_tokens": 0, "total_tokens": len(text)}}))
+    await resp.write_eof()
+    return resp
 
 
 @routes.get("/v1/audio/voices")

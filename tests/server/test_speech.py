@@ -135,6 +135,31 @@ def test_long_input_streams_sentence_by_sentence(speech_server):
     assert t_first < t_all / 2  # the first sentence's audio arrived well before the last was made
 
 
+def _speech_events(server, **body) -> list[dict]:
+    req = urllib.request.Request(server.url + "/v1/audio/speech", method="POST", data=json.dumps(body).encode())
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.headers.get_content_type() == "text/event-stream"
+        return [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: ")]
+
+
+def test_speech_as_server_sent_events(speech_server):
+    """OpenAI's stream_format "sse": base64 deltas (a sentence each for pcm), then speech.audio.done."""
+    import base64
+    text = " ".join(SENTENCES)
+    events = _speech_events(speech_server, input=text, response_format="pcm", stream_format="sse")
+    assert [e["type"] for e in events] == ["speech.audio.delta"] * 3 + ["speech.audio.done"]
+    assert events[-1]["usage"]["input_tokens"] == len(text)
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    plain = speak(speech_server, text, "pcm")  # the same request (reused result): the same samples
+    assert pcm == plain
+    wav_events = _speech_events(speech_server, input=text, stream_format="sse")  # wav: one whole file
+    assert [e["type"] for e in wav_events] == ["speech.audio.delta", "speech.audio.done"]
+    assert len(decode(base64.b64decode(wav_events[0]["audio"]), 16000)) == pytest.approx(len(pcm) / 2 / 22050 * 16000,
+                                                                                         rel=0.01)
+    status, body = call(speech_server, "POST", "/v1/audio/speech", {"input": "Hi.", "stream_format": "websocket"})
+    assert status == 400 and body["error"]["param"] == "stream_format"
+
+
 def test_chat_and_transcription_overlap(speech_server):
     clip = speak(speech_server, SENTENCES[0])
     client = speech_server.client()
