@@ -52,6 +52,8 @@ class Bridge(QObject):
     notice = Signal(str)  # a one-line message for the status bar
     config_saved = Signal(str)  # path
     speech_ready = Signal(str, object)  # request id, {"samples", "rate", "wav"}
+    transcript_started = Signal(str, object)  # request id, {"samples", "spans", "duration"}: drawn at once
+    transcript_segment = Signal(str, object)  # request id, {"id", "start", "end", "text"}: each as it is decoded
     transcript_ready = Signal(str, object)  # request id, {"text", "segments", "duration", "spans", "samples"}
     speech_error = Signal(str, str)  # request id, message
     bench_done = Signal(dict)  # the benchmark record (state done or failed)
@@ -229,7 +231,8 @@ class Bridge(QObject):
         return rid
 
     def transcribe(self, data: bytes, language: str | None = None) -> str:
-        """Speech to text with segments and the VAD's spans; transcript_ready (or speech_error) follows."""
+        """Speech to text with segments and the VAD's spans: transcript_started (the audio and its spans), a
+        transcript_segment per span as it is decoded, then transcript_ready (or speech_error)."""
         rid = f"asr-{next(self._ids)}"
 
         async def go() -> None:
@@ -237,11 +240,16 @@ class Bridge(QObject):
             try:
                 asr = self.host.service.speech("asr")
                 samples = await asyncio.to_thread(audio.decode, data, 16000)
-                result = await asr.transcribe(samples, language, "transcribe", segments=True)
                 vad = self.host.service.vad
-                spans = await vad.spans(samples) if vad is not None else []
-                self.transcript_ready.emit(rid, {"text": result.text, "segments": result.segments,
-                                                 "duration": result.duration, "spans": spans, "samples": samples})
+                spans = await vad.spans(samples) if vad is not None else None
+                duration = round(len(samples) / 16000, 3)
+                self.transcript_started.emit(rid, {"samples": samples, "spans": spans or [], "duration": duration})
+                segments = []
+                async for segment in asr.transcribe_stream(samples, language, "transcribe", spans):
+                    segments.append(segment)
+                    self.transcript_segment.emit(rid, segment)
+                self.transcript_ready.emit(rid, {"text": " ".join(s["text"] for s in segments), "segments": segments,
+                                                 "duration": duration, "spans": spans or [], "samples": samples})
             except EngineError as e:
                 self.speech_error.emit(rid, e.message)
         self.spawn(go())

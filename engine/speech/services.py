@@ -359,11 +359,33 @@ class AsrService:
         """Text and timed segments of 16 kHz mono samples. With segments, every speech span is decoded on
         its own (its own timestamps); without, spans are merged into windows of up to 28 s — whisper pads
         every input to a 30 s window, so fewer, fuller windows cost less."""
+        pieces = await self._pieces(samples, task, segments)
+        texts = await self.pool.run(self._job(samples, pieces, task, language, len(samples) / ASR_RATE))
+        found = [{"id": i, "start": round(s, 3), "end": round(e, 3), "text": t}
+                 for i, ((s, e), t) in enumerate(zip(pieces, texts)) if t]
+        return Transcript(" ".join(s["text"] for s in found), found, round(len(samples) / ASR_RATE, 3),
+                          language or "en")
+
+    async def transcribe_stream(self, samples: np.ndarray, language: str | None = None, task: str = "transcribe",
+                                spans: list[tuple[float, float]] | None = None):
+        """The segments of transcribe(), each yielded as soon as it is decoded (one job per speech span);
+        spans: the VAD's spans of samples when the caller has them already."""
+        pieces = await self._pieces(samples, task, True, spans)
+        for i, (start, end) in enumerate(pieces):
+            (text,) = await self.pool.run(self._job(samples, [(start, end)], task, language, end - start))
+            if text:
+                yield {"id": i, "start": round(start, 3), "end": round(end, 3), "text": text}
+
+    async def _pieces(self, samples: np.ndarray, task: str, segments: bool,
+                      spans: list[tuple[float, float]] | None = None) -> list[tuple[float, float]]:
+        """The (start, end) windows to decode: the VAD's speech spans (merged up to 28 s without segments)."""
         if task == "translate" and not self.model.can_translate:
             raise InvalidRequest(f"model '{self.id}' cannot translate: it is an English-only "
                                  f"{self.model.kind} model; translation needs a multilingual whisper model", "model")
         total = len(samples) / ASR_RATE
-        if self.vad is not None and (segments or total > self.MAX_CHUNK_S):
+        if spans is not None:
+            pass
+        elif self.vad is not None and (segments or total > self.MAX_CHUNK_S):
             spans = await self.vad.spans(samples)
         else:  # short audio and plain text: one window, no VAD pass needed
             spans = [(0.0, total)]
@@ -381,6 +403,11 @@ class AsrService:
                 pieces.append((start, start + self.MAX_CHUNK_S))
                 start += self.MAX_CHUNK_S
             pieces.append((start, end))
+        return pieces
+
+    def _job(self, samples: np.ndarray, pieces: list[tuple[float, float]], task: str, language: str | None,
+             audio_s: float) -> Callable[[dict], tuple[list[str], float]]:
+        """A worker job decoding pieces of samples in one batch; audio_s is what it counts towards the RTF."""
         model = self.model
 
         def job(owned: dict):
@@ -397,12 +424,8 @@ class AsrService:
                 streams.append(st)
             if streams:
                 rec.decode_streams(streams)
-            texts = [st.result.text.strip() for st in streams]
-            return texts, total
-        texts = await self.pool.run(job)
-        segments = [{"id": i, "start": round(s, 3), "end": round(e, 3), "text": t}
-                    for i, ((s, e), t) in enumerate(zip(pieces, texts)) if t]
-        return Transcript(" ".join(s["text"] for s in segments), segments, round(total, 3), language or "en")
+            return [st.result.text.strip() for st in streams], audio_s
+        return job
 
 
 # ---- TTS --------------------------------------------------------------------------------------

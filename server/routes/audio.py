@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import math
 from typing import Any
 
 import numpy as np
@@ -69,22 +70,48 @@ async def _transcribe(request: web.Request, task: str) -> web.Response:
                              "response_format")
     language = fields.get("language") or None
     svc = _asr(request, fields.get("model"))
+    stream = fields.get("stream", "false").strip().lower()
+    if stream not in ("true", "false"):
+        raise InvalidRequest(f"'stream' must be true or false, got {fields['stream']!r}", "stream")
     Fields(fields, f"audio.{task}").use("model", "response_format", "language", "timestamp_granularities",
-                                        "prompt", "temperature").log_ignored()
+                                        "prompt", "temperature", "stream").log_ignored()
     samples = await asyncio.to_thread(audio.decode, data, ASR_RATE)  # FFmpeg work stays off the loop
+    if stream == "true":
+        return await _transcript_events(request, svc, samples, language, task)
     result = await svc.transcribe(samples, language, task, segments=fmt in ("verbose_json", "srt", "vtt"))
     if fmt == "text":
         return web.Response(text=result.text + "\n", content_type="text/plain")
     if fmt in ("srt", "vtt"):
         return web.Response(text=subtitles(result.segments, fmt),
                             content_type="text/plain" if fmt == "srt" else "text/vtt")
+    usage = {"type": "duration", "seconds": math.ceil(result.duration)}  # what OpenAI bills whisper by
     if fmt == "json":
-        return web.json_response({"text": result.text})
+        return web.json_response({"text": result.text, "usage": usage})
     segments = [{"id": s["id"], "seek": 0, "start": s["start"], "end": s["end"], "text": s["text"], "tokens": [],
                  "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
                 for s in result.segments]
     return web.json_response({"task": task, "language": LANGUAGES.get(result.language, result.language),
-                              "duration": result.duration, "text": result.text, "segments": segments})
+                              "duration": result.duration, "text": result.text, "segments": segments,
+                              "usage": usage})
+
+
+async def _transcript_events(request: web.Request, svc, samples: np.ndarray, language: str | None,
+                             task: str) -> web.StreamResponse:
+    """`stream=true`: a transcript.text.delta per speech span as soon as it is decoded, then
+    transcript.text.done with the whole text (whatever the response_format, as OpenAI does)."""
+    pieces = svc.transcribe_stream(samples, language, task)
+    first = await anext(pieces, None)  # errors (a translation refused) still come back as a 4xx
+    resp = await sse.open_stream(request)
+    texts = []
+    segment = first
+    while segment is not None:
+        delta = (" " if texts else "") + segment["text"]
+        texts.append(segment["text"])
+        await resp.write(sse.event({"type": "transcript.text.delta", "delta": delta}))
+        segment = await anext(pieces, None)
+    await resp.write(sse.event({"type": "transcript.text.done", "text": " ".join(texts)}))
+    await resp.write_eof()
+    return resp
 
 
 @routes.post("/v1/audio/transcriptions")

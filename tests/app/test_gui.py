@@ -236,12 +236,16 @@ def test_speech_studio_speaks_transcribes_and_draws_spans(gui):
         panel.speak()
         await spoken
         heard = next_signal(gui.bridge.transcript_ready)
+        segments_seen.clear()
         panel.transcribe_last_speech()
         return (await heard)[1]
+    segments_seen: list[int] = []
+    gui.bridge.transcript_segment.connect(lambda rid, seg: segments_seen.append(panel.table.rowCount()))
     result = gui.run_loop(scenario())
     assert len(panel.last_speech["samples"]) / panel.last_speech["rate"] > 2.0
     assert "weather" in result["text"].lower() and "window" in result["text"].lower()
     assert panel.table.rowCount() == len(result["segments"]) >= 1
+    assert segments_seen == list(range(1, len(result["segments"]) + 1))  # the table grew a row per decoded span
     regions = [i for i in panel.wave.getPlotItem().items if isinstance(i, pg.LinearRegionItem)]
     assert len(regions) == len(result["spans"]) >= 1
     srt = panel.subtitles("srt")

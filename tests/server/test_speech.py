@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import io
 import json
+import math
 import re
 import time
 import urllib.error
@@ -78,6 +79,7 @@ def test_speech_then_transcription_round_trip(speech_server):
     audio = speak(speech_server, text)
     out = speech_server.client().audio.transcriptions.create(model="whisper-1", file=("speech.wav", audio))
     assert wer(text, out.text) <= 0.10, out.text
+    assert out.usage.type == "duration" and out.usage.seconds == math.ceil(len(decode(audio, 16000)) / 16000)
 
 
 def test_three_utterances_give_three_timed_segments(speech_server):
@@ -110,6 +112,11 @@ def test_three_utterances_give_three_timed_segments(speech_server):
                                       for s in verbose.segments]
     status, body = upload(speech_server, "/vad", clip)
     assert status == 200 and len(body["spans"]) == 3
+    # stream=true: one delta per utterance, decoded and sent one by one, then the whole text
+    events = list(client.audio.transcriptions.create(model="gpt-4o-transcribe", file=("clip.wav", clip), stream=True))
+    assert [e.type for e in events] == ["transcript.text.delta"] * 3 + ["transcript.text.done"], events
+    assert "".join(e.delta for e in events[:3]) == events[3].text == " ".join(s.text for s in verbose.segments)
+    assert speech_server.get("/v1/stats")["asr"]["jobs"] >= 3
 
 
 @pytest.mark.parametrize("fmt", ["pcm", "flac", "mp3", "opus", "aac"])
@@ -194,12 +201,14 @@ def test_models_and_voices_are_listed(speech_server):
 def test_bad_speech_input_is_a_clear_4xx(speech_server):
     client = speech_server.client()
     cases = [(b"\x13\x37" * 4000, {}, "decode"), (b"", {}, "empty"), (wav_bytes(np.zeros(0), 16000), {}, "no samples"),
-             (wav_bytes(np.zeros(1600), 16000), {"response_format": "xml"}, "response_format")]
+             (wav_bytes(np.zeros(1600), 16000), {"response_format": "xml"}, "response_format"),
+             (wav_bytes(np.zeros(1600), 16000), {"stream": "maybe"}, "'stream' must be true or false")]
     for data, fields, words_ in cases:
         status, body = upload(speech_server, "/v1/audio/transcriptions", data, **fields)
         assert status == 400 and words_ in body["error"]["message"], body
-    status, body = upload(speech_server, "/v1/audio/translations", speak(speech_server, "Hello there."))
-    assert status == 400 and "cannot translate" in body["error"]["message"]
+    for streamed in ({}, {"stream": "true"}):  # refused before any event is sent
+        status, body = upload(speech_server, "/v1/audio/translations", speak(speech_server, "Hello there."), **streamed)
+        assert status == 400 and "cannot translate" in body["error"]["message"]
     for kw, param in (({"speed": 5.0}, "speed"), ({"input": "word " * 1000}, "input"),
                       ({"response_format": "ogg"}, "response_format"), ({"voice": "nobody"}, "voice")):
         args = {"model": "tts-1", "voice": "alloy", "input": "Hi.", **kw}

@@ -92,6 +92,8 @@ class SpeechPanel(QWidget):
         layout.addWidget(asr_box, 1)
         layout.addWidget(self.status)
         bridge.speech_ready.connect(self.on_speech_ready)
+        bridge.transcript_started.connect(self.on_transcript_started)
+        bridge.transcript_segment.connect(self.on_transcript_segment)
         bridge.transcript_ready.connect(self.on_transcript_ready)
         bridge.speech_error.connect(self.on_speech_error)
         bridge.models_changed.connect(self.refresh)
@@ -190,23 +192,35 @@ class SpeechPanel(QWidget):
         if self.isVisible():
             self.transcribe_bytes(wav)
 
+    def on_transcript_started(self, rid: str, found: dict) -> None:
+        """The waveform and its speech spans at once; the transcript fills in span by span."""
+        if rid not in self._pending:
+            return
+        samples = found["samples"]
+        step = max(1, len(samples) // 4000)  # enough points for the width of a window
+        self.wave.clear()
+        self.wave.plot(np.arange(0, len(samples), step) / 16000, samples[::step], pen=pg.mkPen("#5b6cff"))
+        for start, end in found["spans"]:
+            region = pg.LinearRegionItem((start, end), movable=False, brush=pg.mkBrush(46, 204, 113, 60))
+            self.wave.addItem(region)
+        self.table.setRowCount(0)
+        self.status.setText(f"{found['duration']:.1f} s, {len(found['spans'])} speech spans: transcribing…")
+
+    def on_transcript_segment(self, rid: str, segment: dict) -> None:
+        if rid not in self._pending:
+            return
+        r = self.table.rowCount()
+        self.table.setRowCount(r + 1)
+        for c, text in enumerate((f"{segment['start']:.2f}", f"{segment['end']:.2f}", segment["text"])):
+            self.table.setItem(r, c, QTableWidgetItem(text))
+        self.table.scrollToBottom()
+
     def on_transcript_ready(self, rid: str, result: dict) -> None:
         if rid not in self._pending:
             return
         self._pending.discard(rid)
         self.transcript = result
-        samples = result["samples"]
-        step = max(1, len(samples) // 4000)  # enough points for the width of a window
-        self.wave.clear()
-        self.wave.plot(np.arange(0, len(samples), step) / 16000, samples[::step], pen=pg.mkPen("#5b6cff"))
-        for start, end in result["spans"]:
-            region = pg.LinearRegionItem((start, end), movable=False, brush=pg.mkBrush(46, 204, 113, 60))
-            self.wave.addItem(region)
         segs = result["segments"]
-        self.table.setRowCount(len(segs))
-        for r, s in enumerate(segs):
-            for c, text in enumerate((f"{s['start']:.2f}", f"{s['end']:.2f}", s["text"])):
-                self.table.setItem(r, c, QTableWidgetItem(text))
         self.status.setText(f"{result['duration']:.1f} s, {len(result['spans'])} speech spans, {len(segs)} segments")
 
     def on_speech_error(self, rid: str, message: str) -> None:
