@@ -216,7 +216,9 @@ class Service:
     def load_speech(self) -> None:
         """Start the VAD, ASR and TTS services; a model that fails is logged and its routes explain (degrade,
         never die). Blocking; call before start() or from a worker thread."""
-        from engine.speech.services import AsrService, TtsService, VadService
+        from engine.speech.asr import AsrService
+        from engine.speech.tts import TtsService
+        from engine.speech.vad import VadService
         c = self.config
         vad_path = Path(c.vad).expanduser() if c.vad else Path(__file__).resolve().parent.parent / "resources" / \
             "models" / "silero_vad.onnx"
@@ -431,7 +433,8 @@ class Service:
 
     async def set_speech(self, kind: str, path: str) -> None:
         """Replace the ASR or TTS model in process (built off the loop; the old one is closed)."""
-        from engine.speech.services import AsrService, TtsService
+        from engine.speech.asr import AsrService
+        from engine.speech.tts import TtsService
         if kind == "asr":
             svc = await asyncio.to_thread(AsrService, Path(path), self.config.asr_workers, self.vad)
         else:

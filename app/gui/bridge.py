@@ -217,7 +217,7 @@ class Bridge(QObject):
 
         async def go() -> None:
             from app.gui.audio_io import wav_bytes
-            from engine.speech.services import check_tts_input
+            from engine.speech.tts import check_tts_input
             try:
                 check_tts_input(text, speed)
                 tts = self.host.service.speech("tts")

@@ -10,6 +10,7 @@ import numpy as np
 
 from engine.errors import InvalidRequest
 
+ASR_RATE = 16000  # what speech recognition and voice activity detection take: 16 kHz mono
 # response_format -> (container, codec, content type, rate the codec requires or None)
 FORMATS = {
     "wav": (None, None, "audio/wav", None),

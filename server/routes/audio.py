@@ -11,7 +11,8 @@ from aiohttp import web
 
 from engine.errors import InvalidRequest, ModelNotFound
 from engine.speech import audio
-from engine.speech.services import ASR_RATE, OPENAI_VOICES, check_tts_input
+from engine.speech.audio import ASR_RATE
+from engine.speech.tts import OPENAI_VOICES, check_tts_input
 from engine.speech.subtitles import subtitles
 from server import sse
 from server.errors import MAX_UPLOAD_KEY

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from engine.speech.audio import decode, encode
-from engine.speech.services import AsrService, TtsService
+from engine.speech.asr import AsrService
+from engine.speech.tts import TtsService
 from tests.server.test_speech import wer
 
 TEXT = "Please open the window and close the door."

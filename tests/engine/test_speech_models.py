@@ -16,7 +16,8 @@ from piper_phonemize import phonemize_espeak
 
 from engine.errors import InvalidRequest, ModelLoadError
 from engine.speech import onnxinfo
-from engine.speech.services import TtsService, sniff_asr, sniff_tts
+from engine.speech.asr import AsrService, sniff_asr
+from engine.speech.tts import TtsService, sniff_tts
 from tests.assets import tts_standins as st
 
 TEXT = "The weather is nice today."
@@ -235,7 +236,6 @@ def test_asr_models_missing_what_sherpa_onnx_reads_are_refused(tmp_path, files, 
 def test_each_asr_family_decodes_through_sherpa_onnx(asr_standins, family):
     """The stand-ins spell PHRASE whatever they hear: the text coming back means sherpa-onnx ran the model with
     the configuration llamadesk built, several spans batched in one decode."""
-    from engine.speech.services import AsrService
     from tests.assets.asr_standins import PHRASE
     assert sniff_asr(asr_standins[family]).kind == family
     noise = (0.05 * np.random.default_rng(3).standard_normal(16000 * 40)).astype(np.float32)

@@ -8,7 +8,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QGroupBox
                                QPlainTextEdit, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from engine.speech import audio
-from engine.speech.services import OPENAI_VOICES
+from engine.speech.tts import OPENAI_VOICES
 from engine.speech.subtitles import subtitles
 
 
