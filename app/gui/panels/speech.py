@@ -204,7 +204,7 @@ class SpeechPanel(QWidget):
             region = pg.LinearRegionItem((start, end), movable=False, brush=pg.mkBrush(46, 204, 113, 60))
             self.wave.addItem(region)
         self.table.setRowCount(0)
-        self.status.setText(f"{found['duration']:.1f} s, {len(found['spans'])} speech spans: transcribing…")
+        self.status.setText(f"{found['duration']:.1f} s, {_count(len(found['spans']), 'speech span')}: transcribing…")
 
     def on_transcript_segment(self, rid: str, segment: dict) -> None:
         if rid not in self._pending:
@@ -221,7 +221,8 @@ class SpeechPanel(QWidget):
         self._pending.discard(rid)
         self.transcript = result
         segs = result["segments"]
-        self.status.setText(f"{result['duration']:.1f} s, {len(result['spans'])} speech spans, {len(segs)} segments")
+        self.status.setText(f"{result['duration']:.1f} s, {_count(len(result['spans']), 'speech span')}, "
+                            f"{_count(len(segs), 'segment')}")
 
     def on_speech_error(self, rid: str, message: str) -> None:
         if rid in self._pending:
@@ -240,3 +241,5 @@ class SpeechPanel(QWidget):
         dlg.open()
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
