@@ -118,3 +118,65 @@ def test_import_a_gguf_from_disk(setup_server, assets, tmp_path):
     not_gguf.write_text("hello")
     status, body = call(srv, "POST", "/catalog/import", {"path": str(not_gguf)})
     assert status == 400 and "not a GGUF" in body["error"]["message"]
+
+
+def _tarball(folder) -> bytes:
+    """A sherpa-onnx style release archive: one top folder holding the model's files."""
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:bz2") as tar:
+        tar.add(folder, arcname=folder.name)
+    return buf.getvalue()
+
+
+def test_a_kokoro_archive_from_the_catalog_speaks_after_serve(tts_standins, tmp_path):
+    """The whole user path for a Kokoro voice: download the archive (from a local mirror), unpack, serve,
+    speak with one of its voices; an archive with a damaged voices.bin is refused with the reason."""
+    import numpy as np
+
+    from engine.speech.audio import decode
+    from tests.assets import tts_standins as st
+    good = _tarball(tts_standins["kokoro"])
+    broken_dir = tmp_path / "broken" / "kokoro-multi-lang-v1_0"
+    shutil.copytree(tts_standins["kokoro"], broken_dir)
+    (broken_dir / "voices.bin").write_bytes((broken_dir / "voices.bin").read_bytes()[:-64])
+    broken = _tarball(broken_dir)
+    files = FileServer(files={"kokoro.tar.bz2": good, "kokoro-broken.tar.bz2": broken})
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text("".join(f'''
+[[model]]
+name = "{name}"
+kind = "tts"
+family = "kokoro"
+file = "{name}.tar.bz2"
+archive = "tar.bz2"
+url = "https://example.invalid/{name}.tar.bz2"
+sha256 = "{hashlib.sha256(data).hexdigest()}"
+size = {len(data)}
+''' for name, data in (("kokoro", good), ("kokoro-broken", broken))))
+    srv = LiveServer(["--catalog-path", str(catalog), "--catalog-mirror", files.url,
+                      "--models-dir", str(tmp_path / "models")], "", tmp_path)
+    try:
+        for name in ("kokoro", "kokoro-broken"):
+            assert call(srv, "POST", "/catalog/download", {"name": name})[0] == 202
+            deadline = time.monotonic() + 60
+            while (entry := next(e for e in srv.get("/catalog")["entries"] if e["name"] == name))["download"][
+                    "status"] not in ("done", "failed"):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert entry["download"]["status"] == "done", entry["download"]
+
+        status, body = call(srv, "POST", "/catalog/serve", {"name": "kokoro-broken"})
+        assert status == 400 and body["error"]["code"] == "model_load_failed", body
+        assert "voices.bin" in body["error"]["message"]
+        assert srv.get("/v1/stats")["tts"]["state"] == "off"  # nothing half-loaded, still serving
+        status, body = call(srv, "POST", "/catalog/serve", {"name": "kokoro"})
+        assert status == 200 and body["kind"] == "tts", body
+        assert srv.get("/v1/audio/voices")["voices"] == list(st.KOKORO_VOICES)
+        audio = srv.client().audio.speech.create(model="tts-1", voice="bf_emma", input="Hello there.").read()
+        samples = decode(audio, st.RATE)
+        assert abs(np.argmax(np.abs(np.fft.rfft(samples))) * st.RATE / len(samples) - st.VOICE_HZ[1]) < 5
+    finally:
+        srv.stop()
+        files.close()
