@@ -70,6 +70,8 @@ def _type_word(t: type) -> str:
     return {int: "an integer", bool: "a boolean (true/false)", str: "a string"}[t]
 
 
+KV_DTYPES = ("f16", "q8_0", "q4_0")  # the KV cache element types llama.cpp offers on CPU and GPU
+
 SCHEMA: tuple[Option, ...] = (
     Option("config", str, None, "path of the TOML config file", short="-c", cli_only=True),
     Option("model", str, None, "GGUF file to serve (adds it to the roster as the default model)", short="-m"),
@@ -83,7 +85,7 @@ SCHEMA: tuple[Option, ...] = (
            minimum=1, maximum=64),
     Option("threads", int, 0, "CPU threads for llama.cpp (0 = one per core)", short="-t", minimum=0),
     Option("chunk", int, 512, "largest prefill slice per scheduler tick, in tokens", minimum=16),
-    Option("kv_dtype", str, "f16", "KV cache element type", choices=("f16", "q8_0", "q4_0")),
+    Option("kv_dtype", str, "f16", "KV cache element type", choices=KV_DTYPES),
     Option("gpu", str, "auto", "offload layers to a GPU when llama.cpp has one", choices=("auto", "off")),
     Option("models_dir", str, None, "where downloaded models live (default: the user data dir)"),
     Option("asr", str, None, "speech-to-text model directory (whisper, moonshine, NeMo, SenseVoice, Paraformer)"),

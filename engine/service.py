@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Callable
 from engine import catalog as cat
 from engine import llama, tools
 from engine.chat import turns
-from engine.config import Config, ModelEntry, save_authoritative
+from engine.config import KV_DTYPES, Config, ModelEntry, save_authoritative
 from engine.downloads import Downloader
 from engine.errors import (BenchRunning, Conflict, ContextLengthExceeded, EngineError, EngineStopped, InvalidRequest,
                            ModelLoadError, ModelNotFound, NoModelLoaded, QueueFull, SpeechUnavailable,
@@ -183,6 +183,16 @@ def _deliver(out: list) -> None:
         sink.push(event)
 
 
+def _check_shape(entry: ModelEntry) -> None:
+    """400s for per-model settings llama.cpp cannot take."""
+    for key, lo, hi in (("ctx", 64, 1 << 22), ("streams", 1, 64), ("chunk", 16, 1 << 16)):
+        value = getattr(entry, key)
+        if value is not None and not lo <= value <= hi:
+            raise InvalidRequest(f"'{key}' must be between {lo} and {hi}, got {value}", key)
+    if entry.kv_dtype is not None and entry.kv_dtype not in KV_DTYPES:
+        raise InvalidRequest(f"'kv_dtype' must be one of {', '.join(KV_DTYPES)}, got {entry.kv_dtype!r}", "kv_dtype")
+
+
 class Service:
     """Models, generation, embeddings and counters behind one in-process API."""
 
@@ -306,6 +316,7 @@ class Service:
         """Load a model into the roster without a restart (weights and context built off the loop);
         progress(fraction) is called on the event loop as the weights load."""
         self._not_benching("load a model")
+        _check_shape(entry)
         if entry.name in self.loading:
             raise Conflict(f"model '{entry.name}' is already loading")
         if entry.name in self.slots:
@@ -339,6 +350,34 @@ class Service:
         if self.default_id == name:
             self.default_id = next(iter(self.slots), None)
         log.info("unloaded %s", name)
+
+    async def reload_model(self, name: str, ctx: int | None = None, streams: int | None = None,
+                           chunk: int | None = None, kv_dtype: str | None = None,
+                           progress: Callable[[float], None] | None = None) -> dict[str, Any]:
+        """Serve a loaded model again with other per-model settings (its streams are aborted; the weights are
+        mmap'd, so the second load comes from the page cache). The roster entry keeps the new settings and
+        is saved as the authoritative config; if the new shape cannot load, the old one is put back."""
+        if name not in self.slots:
+            raise ModelNotFound(f"The model '{name}' is not loaded", "model")
+        path = next(m["path"] for m in self.models() if m["id"] == name)
+        old = next((m for m in self.config.models if m.name == name), None) or ModelEntry(name=name, path=path)
+        new = dataclasses.replace(old, **{k: v for k, v in (("ctx", ctx), ("streams", streams), ("chunk", chunk),
+                                                             ("kv_dtype", kv_dtype)) if v is not None})
+        _check_shape(new)
+        was_default = self.default_id == name
+        await self.remove_model(name)
+        try:
+            await self.add_model(new, make_default=was_default, progress=progress)
+        except EngineError:
+            await self.add_model(old, make_default=was_default)
+            raise
+        self.config.models = [new if m.name == name else m for m in self.config.models] + \
+            ([] if any(m.name == name for m in self.config.models) else [new])
+        if self.config.path is not None:
+            await asyncio.to_thread(save_authoritative, self.config.path, {}, self.config.models)
+        log.info("reloaded %s with ctx %s, streams %s, chunk %s, kv %s", name, new.ctx, new.streams, new.chunk,
+                 new.kv_dtype)
+        return next(m for m in self.models() if m["id"] == name)
 
     # ---- catalog and downloads ----------------------------------------------------------------
 

@@ -408,7 +408,7 @@ class Slot:
         m = self.model
         return {"path": str(m.path), "file_size": m.file_size, "arch": m.arch, "quant": m.quant(),
                 "params": m.n_params, "n_ctx_train": m.n_ctx_train, "description": m.description,
-                "embedding_only": self.embedding_only}
+                "embedding_only": self.embedding_only, "chunk": self.settings.chunk, "kv_dtype": self.settings.kv_dtype}
 
     def free(self) -> None:
         """Release every native object of the slot (scheduler thread, after all streams ended)."""

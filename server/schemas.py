@@ -70,6 +70,13 @@ class Fields:
             raise InvalidRequest(f"'{name}' must be {rng}, got {v}", name)
         return v
 
+    def require(self, name: str, kinds: type | tuple[type, ...], what: str = "") -> Any:
+        """body[name] as get() checks it, and a 400 naming it when it is absent or empty."""
+        v = self.get(name, kinds)
+        if v is None or v == "":
+            raise InvalidRequest(f"'{name}' is required" + (f": {what}" if what else ""), name)
+        return v
+
     def use(self, *names: str) -> "Fields":
         """Mark fields as read (for bodies whose fields are read elsewhere)."""
         self.used.update(names)

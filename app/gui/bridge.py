@@ -195,6 +195,21 @@ class Bridge(QObject):
             self.notice.emit(f"loaded {name}")
         return self.spawn(go())
 
+    def reload_model(self, name: str, settings: dict) -> asyncio.Task:
+        """Serve a model again with other per-model settings (ctx, streams, chunk, kv_dtype); saved to the config."""
+        async def go() -> None:
+            self.state_changed.emit("loading")
+            try:
+                await self.host.service.reload_model(name, progress=lambda f: self.load_progress.emit(name, f),
+                                                     **settings)
+                self.notice.emit(f"reloaded {name}")
+            except EngineError as e:
+                self.notice.emit(f"{name}: {e.message}")
+            finally:
+                self.on_tick()
+                self.models_changed.emit()
+        return self.spawn(go())
+
     def unload_model(self, name: str) -> asyncio.Task:
         """Stop serving a model and free it."""
         async def go() -> None:

@@ -64,6 +64,10 @@ async def shoot(desktop: Desktop, out: Path) -> None:
     w.panels["Benchmark"].refresh()
     w.panels["Benchmark"].run()
     await bench
+    models = w.panels["Models"]
+    first = models.cards.itemAt(0).widget()
+    if hasattr(first, "settings_button"):
+        first.settings_button.setChecked(True)  # show the per-model settings form
     for name in PANELS:
         w.show_panel(name)
         await asyncio.sleep(0.3)

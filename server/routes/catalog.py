@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from engine.errors import InvalidRequest
 from server.access import loopback_only
 from server.keys import SERVICE
 from server.schemas import Fields, read_json
@@ -13,9 +12,7 @@ routes = web.RouteTableDef()
 
 async def _name(request: web.Request, route: str, *extra: str) -> tuple[str, dict]:
     f = Fields(await read_json(request), route)
-    name = f.get("name", str)
-    if not name:
-        raise InvalidRequest("'name' is required: the catalog entry's name", "name")
+    name = f.require("name", str, "the catalog entry's name")
     values = {k: f.get(k, str) for k in extra}
     f.log_ignored()
     return name, values
@@ -51,7 +48,5 @@ async def serve(request: web.Request) -> web.Response:
 @loopback_only
 async def import_gguf(request: web.Request) -> web.Response:
     f = Fields(await read_json(request), "catalog.import")
-    path = f.get("path", str)
-    if not path:
-        raise InvalidRequest("'path' is required: a GGUF file on this machine", "path")
+    path = f.require("path", str, "a GGUF file on this machine")
     return web.json_response(await request.app[SERVICE].import_gguf(path), status=201)

@@ -85,9 +85,7 @@ async def metrics(request: web.Request) -> web.Response:
 @loopback_only
 async def load_model(request: web.Request) -> web.Response:
     f = Fields(await read_json(request), "models.load")
-    path = f.get("path", str)
-    if not path:
-        raise InvalidRequest("'path' is required: a GGUF file on this machine", "path")
+    path = f.require("path", str, "a GGUF file on this machine")
     entry = ModelEntry(name=f.get("name", str) or Path(path).stem, path=path, ctx=f.get("ctx", int, lo=64),
                        streams=f.get("streams", int, lo=1, hi=64), chunk=f.get("chunk", int, lo=16),
                        kv_dtype=f.get("kv_dtype", str), chat_template=f.get("chat_template", str))
@@ -98,12 +96,22 @@ async def load_model(request: web.Request) -> web.Response:
     return web.json_response(next(m for m in svc.models() if m["id"] == entry.name))
 
 
+@routes.post("/v1/models/reload")
+@loopback_only
+async def reload_model(request: web.Request) -> web.Response:
+    """Per-model settings: load a served model again with another ctx, streams, chunk or kv_dtype."""
+    f = Fields(await read_json(request), "models.reload")
+    name = f.require("model", str)
+    settings = {k: f.get(k, int) for k in ("ctx", "streams", "chunk")}
+    kv_dtype = f.get("kv_dtype", str)
+    f.log_ignored()
+    return web.json_response(await request.app[SERVICE].reload_model(name, kv_dtype=kv_dtype, **settings))
+
+
 async def _model_name(request: web.Request, route: str) -> str:
     f = Fields(await read_json(request), route)
-    name = f.get("model", str)
+    name = f.require("model", str)
     f.log_ignored()
-    if not name:
-        raise InvalidRequest("'model' is required", "model")
     return name
 
 

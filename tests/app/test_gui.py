@@ -210,6 +210,43 @@ def test_models_panel_loads_and_unloads_a_gguf(gui, assets):
     assert after == ["tiny-random-llama"]
 
 
+def test_per_model_settings_reload_the_model(gui, assets):
+    """A card's Settings… form: Apply loads the model again with the chosen shape and saves it."""
+    panel = gui.window.panels["Models"]
+
+    def card(name):
+        return next(panel.cards.itemAt(i).widget() for i in range(panel.cards.count())
+                    if getattr(panel.cards.itemAt(i).widget(), "name", None) == name)
+
+    async def scenario():
+        changed = next_signal(gui.bridge.models_changed)
+        await gui.bridge.load_model(str(assets["minilm"]))
+        await changed
+        c = card("all-MiniLM-L6-v2-f16")
+        c.settings_button.click()
+        slot = gui.host.service.slots["all-MiniLM-L6-v2-f16"]
+        assert c.settings.isVisibleTo(panel) and (c.streams.value(), c.ctx.value()) == (slot.settings.streams, slot.ctx)
+        chosen = 2 if slot.settings.streams != 2 else 1
+        c.streams.setValue(chosen)
+        c.ctx.setValue(256)
+        changed = next_signal(gui.bridge.models_changed)
+        c.apply.click()
+        await changed
+        shown = (card("all-MiniLM-L6-v2-f16").values["streams"].text(), chosen,
+                 gui.host.service.slots["all-MiniLM-L6-v2-f16"].settings.streams)
+        changed = next_signal(gui.bridge.models_changed)
+        await gui.bridge.unload_model("all-MiniLM-L6-v2-f16")
+        await changed
+        return shown
+    shown = gui.run_loop(scenario())
+    card_text, chosen, served = shown
+    assert card_text == str(chosen) and served == chosen  # reloaded with the chosen shape, and the card says so
+    saved = load(["--config", str(gui.cfg_path)])
+    entry = next(m for m in saved.models if m.name == "all-MiniLM-L6-v2-f16")
+    assert (entry.streams, entry.ctx) == (chosen, 256)
+    assert "# hand-written" in gui.cfg_path.read_text()
+
+
 def test_logs_panel_and_diagnostics(gui):
     logs = gui.window.panels["Logs"]
     import logging

@@ -61,3 +61,41 @@ def test_control_errors_are_openai_shaped(tiny_server):
     with pytest.raises(openai.NotFoundError) as e:
         tiny_server.client().models.retrieve("nope")
     assert e.value.body["param"] == "model"
+
+
+def test_per_model_settings_reload_the_model_and_are_saved(assets, tmp_path):
+    from tests.conftest import LiveServer
+    srv = LiveServer(["--model", str(assets["tiny"]), "--ctx", "2048"], "# mine\n", tmp_path)
+    try:
+        status, body = call(srv, "POST", "/v1/models/reload", {"model": "tiny-random-llama", "streams": 2, "ctx": 1024})
+        assert status == 200 and (body["streams"], body["ctx"], body["default"]) == (2, 1024, True), body
+        stats = next(m for m in srv.get("/v1/stats")["models"] if m["id"] == "tiny-random-llama")
+        assert (stats["streams"], stats["ctx"]) == (2, 1024)
+        r = srv.client().chat.completions.create(model="", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                                 extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 3  # served again, as the default
+        saved = load(["--config", str(tmp_path / "llamadesk.toml")])
+        entry = next(m for m in saved.models if m.name == "tiny-random-llama")
+        assert (entry.streams, entry.ctx) == (2, 1024)
+        assert "# mine" in (tmp_path / "llamadesk.toml").read_text()
+        for body, param in (({"model": "tiny-random-llama", "streams": 0}, "streams"),
+                            ({"model": "tiny-random-llama", "kv_dtype": "q5_1"}, "kv_dtype"),
+                            ({"model": "tiny-random-llama", "ctx": "big"}, "ctx")):
+            status, err = call(srv, "POST", "/v1/models/reload", body)
+            assert status == 400 and err["error"]["param"] == param, err
+        assert call(srv, "POST", "/v1/models/reload", {"model": "nope", "streams": 2})[0] == 404
+        status, err = call(srv, "POST", "/v1/models/load", {"path": str(assets["tiny"]), "name": "t2",
+                                                             "kv_dtype": "f8"})
+        assert status == 400 and err["error"]["param"] == "kv_dtype"
+        # a shape llama.cpp refuses (q8_0 blocks of 32 do not divide this model's head size 16): the model is
+        # put back as it was
+        status, err = call(srv, "POST", "/v1/models/reload", {"model": "tiny-random-llama", "kv_dtype": "q8_0"})
+        assert status == 400 and err["error"]["code"] == "model_load_failed" and "q8_0" in err["error"]["message"]
+        stats = srv.get("/v1/stats")["models"]
+        assert [(m["id"], m["streams"], m["ctx"]) for m in stats] == [("tiny-random-llama", 2, 1024)]
+        assert srv.client().chat.completions.create(model="tiny-random-llama", max_tokens=2,
+                                                    messages=[{"role": "user", "content": "hi"}]).choices
+        saved = load(["--config", str(tmp_path / "llamadesk.toml")])
+        assert next(m for m in saved.models if m.name == "tiny-random-llama").kv_dtype is None
+    finally:
+        srv.stop()

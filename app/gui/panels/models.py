@@ -1,8 +1,10 @@
-"""Models: the served slots as cards; open another GGUF; unload; make default."""
+"""Models: the served slots as cards; open another GGUF; unload; make default; per-model settings."""
 from __future__ import annotations
 
-from PySide6.QtWidgets import (QFileDialog, QFrame, QGridLayout, QHBoxLayout, QLabel, QPushButton, QScrollArea,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QFrame, QGridLayout, QHBoxLayout, QLabel,
+                               QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
+
+from engine.config import KV_DTYPES
 
 
 def _size(n: int) -> str:
@@ -36,10 +38,43 @@ class ModelCard(QFrame):
         self.make_default = QPushButton("Make default")
         self.make_default.setEnabled(not model["default"])
         self.make_default.clicked.connect(lambda: bridge.set_default(self.name))
+        self.settings_button = QPushButton("Settings…")
+        self.settings_button.setCheckable(True)
         buttons.addStretch(1)
+        buttons.addWidget(self.settings_button)
         buttons.addWidget(self.make_default)
         buttons.addWidget(self.unload)
         grid.addLayout(buttons, 6, 0, 1, 4)
+        self.settings = self._settings_form(model, bridge)
+        self.settings.setVisible(False)
+        self.settings_button.toggled.connect(self.settings.setVisible)
+        grid.addWidget(self.settings, 7, 0, 1, 4)
+
+    def _settings_form(self, model: dict, bridge) -> QWidget:
+        """Per-model settings; Apply loads the model again with them (and saves them to the config)."""
+        box = QWidget()
+        form = QFormLayout(box)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
+        self.ctx = QSpinBox(minimum=64, maximum=1 << 22, singleStep=512, value=model["ctx"])
+        self.ctx.setToolTip("context per stream, in tokens" + (f" (trained: {model['n_ctx_train']})"
+                                                                 if model.get("n_ctx_train") else ""))
+        self.streams = QSpinBox(minimum=1, maximum=64, value=model["streams"])
+        self.chunk = QSpinBox(minimum=16, maximum=1 << 16, singleStep=64, value=model.get("chunk", 512))
+        self.kv_dtype = QComboBox()
+        self.kv_dtype.addItems(KV_DTYPES)
+        self.kv_dtype.setCurrentText(model.get("kv_dtype", "f16"))
+        form.addRow("context per stream", self.ctx)
+        form.addRow("concurrent streams", self.streams)
+        form.addRow("prefill chunk", self.chunk)
+        form.addRow("KV cache type", self.kv_dtype)
+        self.apply = QPushButton("Apply (reloads the model)")
+        self.apply.clicked.connect(lambda: bridge.reload_model(self.name, self.chosen_settings()))
+        form.addRow("", self.apply)
+        return box
+
+    def chosen_settings(self) -> dict:
+        return {"ctx": self.ctx.value(), "streams": self.streams.value(), "chunk": self.chunk.value(),
+                "kv_dtype": self.kv_dtype.currentText()}
 
     def update_stats(self, stats: dict | None) -> None:
         """Refresh the live figures (state, prefix-cache hit rate) from /v1/stats' entry."""
