@@ -125,6 +125,7 @@ def _check_cmvn(meta: dict[str, str], path: Path) -> None:
 
 
 def _sniff_asr_files(path: Path) -> AsrModel:
+    """The family and files of an ASR folder, from its file layout (and, for one-file models, metadata)."""
     d = model_dir(path, "ASR")
     tokens = one_file(d, "*tokens.txt")
     enc, dec, joiner = one_file(d, "*encoder*.onnx"), one_file(d, "*decoder*.onnx"), one_file(d, "*joiner*.onnx")

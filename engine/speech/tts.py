@@ -116,26 +116,16 @@ def sniff_tts(path: Path) -> TtsModel:
     """Recognise a TTS model directory from its files and the metadata sherpa-onnx reads, and check
     everything sherpa-onnx would otherwise end the process over."""
     d = model_dir(path, "TTS")
+    model, kind, meta = _find_model(d, Path(path))
     tokens = d / "tokens.txt"
-    candidates = [Path(path)] if Path(path).is_file() else sorted(d.glob("*.onnx"))
-    found = None
-    for p in candidates:
-        if not p.name.endswith(".onnx"):
-            continue
-        meta = onnx_info(p, "TTS").metadata
-        kind = _TTS_TYPES.get(meta.get("model_type", ""))
-        if kind is None and meta.get("comment") == "piper":
-            kind = "vits"
-        if kind:
-            found = (p, kind, meta)
-            break
-    if found is None:
-        raise ModelLoadError(f"{d} does not look like a sherpa-onnx TTS model (an .onnx file whose metadata names "
-                             "vits, kokoro, kitten-tts or matcha-tts, and tokens.txt)")
-    model, kind, meta = found
     if not tokens.is_file():
         raise ModelLoadError(f"{d} has no tokens.txt beside {model.name}")
     check_metadata(kind, meta, model, _TTS_REQUIRED[kind])
+    spelled = kind == "vits" and meta.get("frontend") == "characters"  # MMS-style: text in, letter by letter
+    if kind == "vits" and not spelled and meta.get("has_espeak") != "1" and "piper" not in meta.get("comment", ""):
+        raise ModelLoadError(f"{model}: this VITS model reads text through its own lexicon (has_espeak is not 1); "
+                             "llamadesk synthesizes VITS voices phonemized by espeak-ng (Piper, Coqui) or spelled "
+                             "letter by letter (MMS)")
     files = {"model": str(model), "tokens": str(tokens)}
     if kind in ("kokoro", "kitten"):
         voices_bin = d / "voices.bin"
@@ -149,8 +139,30 @@ def sniff_tts(path: Path) -> TtsModel:
             raise ModelLoadError(f"{d} holds a Matcha acoustic model but no vocoder: put vocos-22khz-univ.onnx or "
                                  f"hifigan_v2.onnx from sherpa-onnx's vocoder-models in {d}")
         files["vocoder"] = str(vocoder)
+    names, espeak = _voices(d, model, kind, meta)
+    return TtsModel(d.name, kind, d, files, names, espeak, metadata_int(meta, "sample_rate", model),
+                    phonemes=not spelled)
+
+
+def _find_model(d: Path, given: Path) -> tuple[Path, str, dict[str, str]]:
+    """The model file (the one given, or the first .onnx in d whose metadata names a TTS family), its family
+    and its metadata."""
+    for p in [given] if given.is_file() else sorted(d.glob("*.onnx")):
+        if not p.name.endswith(".onnx"):
+            continue
+        meta = onnx_info(p, "TTS").metadata
+        kind = _TTS_TYPES.get(meta.get("model_type", ""))
+        if kind is None and meta.get("comment") == "piper":
+            kind = "vits"
+        if kind:
+            return p, kind, meta
+    raise ModelLoadError(f"{d} does not look like a sherpa-onnx TTS model (an .onnx file whose metadata names "
+                         "vits, kokoro, kitten-tts or matcha-tts, and tokens.txt)")
+
+
+def _voices(d: Path, model: Path, kind: str, meta: dict[str, str]) -> tuple[list[str], list[str]]:
+    """The voices in speaker-id order, and the espeak-ng voice that phonemizes text for each."""
     speakers = metadata_int(meta, "n_speakers", model)
-    sample_rate = metadata_int(meta, "sample_rate", model)
     default_voice = meta.get("voice") or "en-us"
     names = [n.strip() for n in meta.get("speaker_names", "").split(",") if n.strip()]
     cfg_path = Path(str(model) + ".json")  # a Piper voice's own config
@@ -167,12 +179,7 @@ def sniff_tts(path: Path) -> TtsModel:
         if not _espeak_ok(voice):
             log.warning("%s: espeak-ng has no voice %r; its speakers are phonemized as en-us", d.name, voice)
             espeak = ["en-us" if v == voice else v for v in espeak]
-    spelled = kind == "vits" and meta.get("frontend") == "characters"  # MMS-style: text in, letter by letter
-    if kind == "vits" and not spelled and meta.get("has_espeak") != "1" and "piper" not in meta.get("comment", ""):
-        raise ModelLoadError(f"{model}: this VITS model reads text through its own lexicon (has_espeak is not 1); "
-                             "llamadesk synthesizes VITS voices phonemized by espeak-ng (Piper, Coqui) or spelled "
-                             "letter by letter (MMS)")
-    return TtsModel(d.name, kind, d, files, names, espeak, sample_rate, phonemes=not spelled)
+    return names, espeak
 
 
 _SENTENCE = re.compile(r"(?<=[.!?;:])\s+")
