@@ -82,14 +82,19 @@ def _check_asr_metadata(kind: str, meta: dict[str, str], path: Path) -> None:
             raise ModelLoadError(f"{path}: all_language_tokens and all_language_codes differ in length")
 
 
-def _token_symbols(path: Path) -> set[str]:
-    symbols = set()
+def _token_ids(path: Path) -> dict[str, int | None]:
+    """tokens.txt as {symbol: id} (None where the id is not a number)."""
+    ids: dict[str, int | None] = {}
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             parts = line.rstrip("\n").rsplit(" ", 1)
             if len(parts) == 2:
-                symbols.add(parts[0])
-    return symbols
+                ids[parts[0]] = int(parts[1]) if parts[1].strip().isdigit() else None
+    return ids
+
+
+def _token_symbols(path: Path) -> set[str]:
+    return set(_token_ids(path))
 
 
 def sniff_asr(path: Path) -> AsrModel:
@@ -106,6 +111,12 @@ def sniff_asr(path: Path) -> AsrModel:
                 model.multilingual = truthy(meta["is_multilingual"])
     if model.kind == "nemo_ctc" and not _token_symbols(Path(model.files["tokens"])) & set(_CTC_BLANKS):
         raise ModelLoadError(f"{model.files['tokens']} has no CTC blank symbol ({', '.join(_CTC_BLANKS)})")
+    if model.kind == "nemo_transducer":  # NeMo counts its vocabulary without the blank, which comes last
+        vocab = int(onnx_info(Path(model.files["encoder"]), "ASR").metadata["vocab_size"]) + 1
+        lines = _token_ids(Path(model.files["tokens"]))
+        if lines.get("<blk>") != vocab - 1 or len(lines) != vocab:
+            raise ModelLoadError(f"{model.files['tokens']} must list {vocab} tokens with the blank <blk> last "
+                                 f"(it has {len(lines)}, <blk> at {lines.get('<blk>')})")
     if model.kind == "paraformer" and "</s>" not in _token_symbols(Path(model.files["tokens"])):
         raise ModelLoadError(f"{model.files['tokens']} has no </s> (a Paraformer's decoding ends there)")
     if model.kind in ("paraformer", "sense_voice"):

@@ -137,3 +137,68 @@ def make_paraformer(out: Path) -> None:
     save(graph, out / "model.int8.onnx", {
         "model_type": "paraformer", "vocab_size": len(ids), "lfr_window_size": LFR[0], "lfr_window_shift": LFR[1],
         **_cmvn(), "comment": "llamadesk test stand-in with Paraformer's interface"})
+
+
+def make_parakeet_tdt(out: Path) -> None:
+    """Like sherpa-onnx-nemo-parakeet-tdt-0.6b-v2-int8/: encoder, decoder (prediction network with LSTM states)
+    and joiner .int8.onnx + tokens.txt, run by sherpa-onnx's NeMo TDT greedy search. The decoder's output is
+    the one-hot of the last token and the joiner maps it to the next token of PHRASE (token and duration
+    logits), so the words come out in order from the first frame, then blanks."""
+    out.mkdir(parents=True, exist_ok=True)
+    ids = _tokens(out / "tokens.txt", ["<unk>", "▁hel", "lo", "▁world", "<blk>"])
+    vocab, blank, dim, durations = len(ids), ids["<blk>"], 4, 5
+    sub = 8
+    encoder = helper.make_graph(_ordered(_batch_and_frames("audio_signal", 2) + [
+        const("sub", sub, np.int64), const("dim", [dim], np.int64), const("zero_f", [0.0]),
+        helper.make_node("Div", ["frames", "sub"], ["steps"]),
+        helper.make_node("Reshape", ["batch", "minus1"], ["batch_1"]), const("minus1", [-1], np.int64),
+        helper.make_node("Reshape", ["steps", "minus1"], ["steps_1"]),
+        helper.make_node("Concat", ["batch_1", "dim", "steps_1"], ["enc_shape"], axis=0),
+        helper.make_node("Expand", ["zero_f", "enc_shape"], ["outputs"]),
+        helper.make_node("Div", ["length", "sub"], ["encoded_lengths"]),
+    ]), "parakeet-encoder-standin",
+        [helper.make_tensor_value_info("audio_signal", TensorProto.FLOAT, ["B", FEAT, "T"]),
+         helper.make_tensor_value_info("length", TensorProto.INT64, ["B"])],
+        [helper.make_tensor_value_info("outputs", TensorProto.FLOAT, ["B", dim, "T2"]),
+         helper.make_tensor_value_info("encoded_lengths", TensorProto.INT64, ["B"])])
+    save(encoder, out / "encoder.int8.onnx", {
+        "model_type": "EncDecRNNTBPEModel", "vocab_size": vocab - 1, "subsampling_factor": sub,  # NeMo: without blank
+        "normalize_type": "per_feature", "pred_rnn_layers": 1, "pred_hidden": 2,
+        "url": "https://huggingface.co/nvidia/parakeet-tdt-0.6b-v2",
+        "comment": "llamadesk test stand-in with NeMo parakeet TDT's interface"})
+    decoder = helper.make_graph([
+        const("eye", np.eye(vocab, dtype=np.float32)), const("perm_shape", [0, 2, 1], np.int64),
+        helper.make_node("Gather", ["eye", "targets"], ["onehot"], axis=0),          # (B, 1, V)
+        helper.make_node("Transpose", ["onehot"], ["outputs"], perm=[0, 2, 1]),     # (B, V, 1)
+        helper.make_node("Identity", ["target_length"], ["prednet_lengths"]),
+        helper.make_node("Identity", ["states.1"], ["states"]),
+        helper.make_node("Identity", ["onnx::Slice_3"], ["162"]),
+    ], "parakeet-decoder-standin",
+        [helper.make_tensor_value_info("targets", TensorProto.INT32, ["B", 1]),
+         helper.make_tensor_value_info("target_length", TensorProto.INT32, ["B"]),
+         helper.make_tensor_value_info("states.1", TensorProto.FLOAT, [1, "B", 2]),
+         helper.make_tensor_value_info("onnx::Slice_3", TensorProto.FLOAT, [1, "B", 2])],
+        [helper.make_tensor_value_info("outputs", TensorProto.FLOAT, ["B", vocab, 1]),
+         helper.make_tensor_value_info("prednet_lengths", TensorProto.INT32, ["B"]),
+         helper.make_tensor_value_info("states", TensorProto.FLOAT, [1, "B", 2]),
+         helper.make_tensor_value_info("162", TensorProto.FLOAT, [1, "B", 2])])
+    decoder.node.remove(decoder.node[1])  # the perm is an attribute, not an input
+    save(decoder, out / "decoder.int8.onnx")
+    follows = {blank: ids["▁hel"], ids["▁hel"]: ids["lo"], ids["lo"]: ids["▁world"]}  # else: blank
+    table = np.full((vocab, vocab + durations), -10.0, np.float32)
+    for last in range(vocab):
+        table[last, follows.get(last, blank)] = 10.0
+        table[last, vocab] = 10.0  # duration 0: stay on the frame after a token
+    joiner = helper.make_graph([
+        const("table", table), const("flat", [-1, vocab], np.int64), const("out_shape", [-1, 1, 1, vocab + durations],
+                                                                            np.int64),
+        helper.make_node("Reshape", ["decoder_outputs", "flat"], ["last"]),
+        helper.make_node("MatMul", ["last", "table"], ["scores"]),
+        helper.make_node("ReduceSum", ["encoder_outputs"], ["enc_sum"], keepdims=0),
+        helper.make_node("Add", ["scores", "enc_sum"], ["scores_e"]),  # the encoder output (zeros) takes part
+        helper.make_node("Reshape", ["scores_e", "out_shape"], ["logits"]),
+    ], "parakeet-joiner-standin",
+        [helper.make_tensor_value_info("encoder_outputs", TensorProto.FLOAT, ["B", dim, 1]),
+         helper.make_tensor_value_info("decoder_outputs", TensorProto.FLOAT, ["B", vocab, 1])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", 1, 1, vocab + durations])])
+    save(joiner, out / "joiner.int8.onnx")

@@ -148,6 +148,8 @@ def _copy(src: Path, tmp_path: Path) -> Path:
         "".join(l for l in (d / "tokens.txt").read_text().splitlines(True) if not l.startswith("</s>"))), "</s>"),
     ("sense_voice", lambda d: _strip_metadata(d / "model.int8.onnx", "normalize_samples"), "normalize_samples"),
     ("nemo_ctc", lambda d: (d / "tokens.txt").write_text("a 0\nb 1\n"), "blank"),
+    ("nemo_transducer", lambda d: (d / "tokens.txt").write_text("<blk> 0\n▁hel 1\nlo 2\n▁world 3\n<unk> 4\n"),
+     "<blk> last"),
 ])
 def test_a_model_sherpa_onnx_would_fail_on_is_refused_first(tts_standins, asr_standins, tmp_path, family, damage,
                                                              says):
@@ -198,7 +200,9 @@ NEMO_ENCODER = dict(model_type="EncDecRNNTBPEModel", vocab_size=1024, subsamplin
     ("sherpa-onnx-model-a", {"model.int8.onnx": SENSE_VOICE}, "sense_voice"),
     ("sherpa-onnx-model-b", {"model.int8.onnx": PARAFORMER}, "paraformer"),
     ("sherpa-onnx-model-c", {"model.onnx": NEMO_CTC}, "nemo_ctc"),
-    ("sherpa-onnx-model-d", {"encoder.onnx": NEMO_ENCODER, "decoder.onnx": {}, "joiner.onnx": {}}, "nemo_transducer"),
+    ("sherpa-onnx-model-d", {"encoder.onnx": NEMO_ENCODER, "decoder.onnx": {}, "joiner.onnx": {},
+                             "tokens.txt": "".join(f"t{i} {i}\n" for i in range(1024)) + "<blk> 1024\n"},
+     "nemo_transducer"),
     ("sherpa-onnx-model-f", {"preprocess.onnx": {}, "encode.int8.onnx": {}, "uncached_decode.int8.onnx": {},
                              "cached_decode.int8.onnx": {}}, "moonshine"),
     ("sherpa-onnx-model-g", {"encoder_model.ort": None, "decoder_model_merged.ort": None}, "moonshine_v2"),
@@ -213,6 +217,8 @@ def test_asr_families_are_told_apart_by_their_metadata(tmp_path, folder, files, 
     for name, meta in files.items():
         if meta is None:  # ONNX Runtime's own format, which llamadesk does not read
             (d / name).write_bytes(b"ORTM")
+        elif isinstance(meta, str):
+            (d / name).write_text(meta)
         else:
             _onnx_with(d / name, **meta)
     assert sniff_asr(d).kind == kind
@@ -232,7 +238,7 @@ def test_asr_models_missing_what_sherpa_onnx_reads_are_refused(tmp_path, files, 
     assert missing in err.value.message
 
 
-@pytest.mark.parametrize("family", ["nemo_ctc", "sense_voice", "paraformer"])
+@pytest.mark.parametrize("family", ["nemo_ctc", "sense_voice", "paraformer", "nemo_transducer"])
 def test_each_asr_family_decodes_through_sherpa_onnx(asr_standins, family):
     """The stand-ins spell PHRASE whatever they hear: the text coming back means sherpa-onnx ran the model with
     the configuration llamadesk built, several spans batched in one decode."""
