@@ -1,5 +1,5 @@
-"""Stand-ins for the single-file ASR families no package registry carries (NeMo CTC, SenseVoice,
-Paraformer), in the layout of sherpa-onnx's release folders: model.int8.onnx + tokens.txt with the
+"""Stand-ins for the ASR families no package registry carries (NeMo CTC, SenseVoice, Paraformer, NeMo
+parakeet TDT, Moonshine), in the layout of sherpa-onnx's release folders: the same file names, the
 metadata its loaders read and each family's inputs and outputs. Whatever audio they hear, they emit
 logits spelling PHRASE, so a test can check that sherpa-onnx ran the model through the configuration
 llamadesk built (features, batching, the family's decoder, tokens) and that the text comes back.
@@ -202,3 +202,52 @@ def make_parakeet_tdt(out: Path) -> None:
          helper.make_tensor_value_info("decoder_outputs", TensorProto.FLOAT, ["B", vocab, 1])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", 1, 1, vocab + durations])])
     save(joiner, out / "joiner.int8.onnx")
+
+
+def make_moonshine(out: Path) -> None:
+    """Like sherpa-onnx-moonshine-tiny-en-int8/ (Moonshine v1): preprocess.onnx (audio -> features),
+    encode.int8.onnx, uncached_decode.int8.onnx and cached_decode.int8.onnx (the last token and a cache in,
+    logits and the cache out) + tokens.txt. The decoders map the last token to the next word of PHRASE,
+    then </s>."""
+    out.mkdir(parents=True, exist_ok=True)
+    ids = _tokens(out / "tokens.txt", ["<unk>", "<s>", "</s>", "▁hello", "▁world"])
+    vocab, dim = len(ids), 4
+    follows = {ids["<s>"]: ids["▁hello"], ids["▁hello"]: ids["▁world"]}  # else: </s>
+    table = np.full((vocab, vocab), -10.0, np.float32)
+    for last in range(vocab):
+        table[last, follows.get(last, ids["</s>"])] = 10.0
+    preprocess = helper.make_graph(_ordered([
+        helper.make_node("Shape", ["args_0"], ["dims"]), const("i1", [1], np.int64), const("hop", [384], np.int64),
+        const("one", [1], np.int64), const("dim", [dim], np.int64), const("zero_f", [0.0]),
+        helper.make_node("Gather", ["dims", "i1"], ["samples"]),
+        helper.make_node("Div", ["samples", "hop"], ["frames"]),
+        helper.make_node("Concat", ["one", "frames", "dim"], ["shape"], axis=0),
+        helper.make_node("Expand", ["zero_f", "shape"], ["features"]),
+    ]), "moonshine-preprocess-standin", [helper.make_tensor_value_info("args_0", TensorProto.FLOAT, [1, "N"])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, [1, "T", dim])])
+    save(preprocess, out / "preprocess.onnx")
+    encode = helper.make_graph([helper.make_node("Identity", ["args_0"], ["encoded"])], "moonshine-encode-standin",
+                               [helper.make_tensor_value_info("args_0", TensorProto.FLOAT, [1, "T", dim]),
+                                helper.make_tensor_value_info("args_1", TensorProto.INT32, [1])],
+                               [helper.make_tensor_value_info("encoded", TensorProto.FLOAT, [1, "T", dim])])
+    save(encode, out / "encode.int8.onnx")
+
+    def decoder(name: str, cached: bool) -> onnx.GraphProto:
+        nodes = [const("table", table), const("flat", [-1], np.int64), const("logit_shape", [1, 1, vocab], np.int64),
+                 helper.make_node("Cast", ["args_0"], ["last_64"], to=TensorProto.INT64),
+                 helper.make_node("Reshape", ["last_64", "flat"], ["last"]),
+                 helper.make_node("Gather", ["table", "last"], ["row"], axis=0),
+                 helper.make_node("ReduceSum", ["args_1"], ["enc_sum"], keepdims=0),
+                 helper.make_node("Add", ["row", "enc_sum"], ["row_e"]),  # the encoder output (zeros) takes part
+                 helper.make_node("Reshape", ["row_e", "logit_shape"], ["logits"]),
+                 helper.make_node("Cast", ["args_2"], ["cache_out"], to=TensorProto.FLOAT)]
+        inputs = [helper.make_tensor_value_info("args_0", TensorProto.INT32, [1, 1]),
+                  helper.make_tensor_value_info("args_1", TensorProto.FLOAT, [1, "T", dim]),
+                  helper.make_tensor_value_info("args_2", TensorProto.INT32, [1])]
+        if cached:
+            inputs.append(helper.make_tensor_value_info("args_3", TensorProto.FLOAT, [1]))
+        return helper.make_graph(nodes, name, inputs,
+                                 [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1, vocab]),
+                                  helper.make_tensor_value_info("cache_out", TensorProto.FLOAT, [1])])
+    save(decoder("moonshine-uncached-standin", False), out / "uncached_decode.int8.onnx")
+    save(decoder("moonshine-cached-standin", True), out / "cached_decode.int8.onnx")
