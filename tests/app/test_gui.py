@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import json
 import subprocess
 import sys
@@ -285,6 +286,11 @@ def test_speech_studio_speaks_transcribes_and_draws_spans(gui):
     assert segments_seen == list(range(1, len(result["segments"]) + 1))  # the table grew a row per decoded span
     regions = [i for i in panel.wave.getPlotItem().items if isinstance(i, pg.LinearRegionItem)]
     assert len(regions) == len(result["spans"]) >= 1
+    gui.run_loop(asyncio.sleep(1.2))  # the dashboard updates once a second
+    speech_line = gui.window.panels["Dashboard"].speech.text()
+    assert "speech to text: <b>whisper-tiny.en</b>" in speech_line and "text to speech: <b>piper" in speech_line
+    jobs = gui.host.service.stats()["asr"]["jobs"]
+    assert jobs >= 1 and re.search(rf"{jobs} jobs, RTF 0\.\d+", speech_line), speech_line
     srt = panel.subtitles("srt")
     assert srt.startswith("1\n00:00:0") and "-->" in srt and panel.subtitles("vtt").startswith("WEBVTT")
 

@@ -53,6 +53,8 @@ class DashboardPanel(QWidget):
         self.memory = Chart("Memory", [("rss", "#7f8c8d")], "MB")
         self.summary = QLabel()
         self.summary.setWordWrap(True)
+        self.speech = QLabel()  # the speech workers beside the LLM
+        self.speech.setWordWrap(True)
         charts = QGridLayout()
         for i, c in enumerate((self.gen, self.prefill, self.streams_chart, self.memory)):
             charts.addWidget(c, i // 2, i % 2)
@@ -67,6 +69,7 @@ class DashboardPanel(QWidget):
         QVBoxLayout(lanes).addWidget(self.table)
         layout = QVBoxLayout(self)
         layout.addWidget(self.summary)
+        layout.addWidget(self.speech)
         layout.addLayout(charts, 3)
         layout.addWidget(lanes, 2)
         bridge.stats_updated.connect(self.on_stats_updated)
@@ -83,6 +86,8 @@ class DashboardPanel(QWidget):
             f"<b>{stats['decode_calls']}</b> decodes (up to {stats['max_streams_per_decode']} streams per decode) · "
             f"prefix cache hits <b>{stats['prefix_cache_hits']}</b> · TTFT p50 {t['p50']:.0f} ms, "
             f"p95 {t['p95']:.0f} ms · {stats['hardware']}")
+        self.speech.setText(" · ".join(_speech_line(what, stats.get(kind, {}))
+                                       for kind, what in (("asr", "speech to text"), ("tts", "text to speech"))))
 
     def on_streams_updated(self, streams: list) -> None:
         if not self.isVisible():
@@ -111,3 +116,12 @@ class DashboardPanel(QWidget):
                 bar.setRange(0, max(s["max_tokens"], 1))
                 bar.setValue(min(s["gen_tokens"], s["max_tokens"]))
                 bar.setFormat("%v/%m tokens")
+
+
+def _speech_line(what: str, worker: dict) -> str:
+    """One speech service as /v1/stats reports it: model, state, queue, jobs, real-time factor."""
+    if "model" not in worker:
+        return f"{what}: {'<i>error</i>' if worker.get('state') == 'error' else 'off'}"
+    rtf = f", RTF {worker['rtf']:.3f}" if worker.get("rtf") is not None else ""
+    return (f"{what}: <b>{worker['model']}</b> {worker['state']}, {worker['queued']} queued, "
+            f"{worker['jobs']} jobs{rtf}")
