@@ -130,7 +130,11 @@ async def speech(request: web.Request) -> web.StreamResponse:
     f = Fields(await read_json(request), "audio.speech")
     model = f.get("model", str)
     text = f.get("input", str)
-    voice = f.get("voice", (str, int), what="a voice name or a speaker id")
+    voice = f.get("voice", (str, int, dict), what="a voice name, a speaker id or {\"id\": name}")
+    if isinstance(voice, dict):  # OpenAI's custom-voice object: {"id": ...} names one of the model's voices
+        voice = voice.get("id")
+        if not isinstance(voice, str) or not voice:
+            raise InvalidRequest("'voice' as an object needs a string 'id' naming one of the model's voices", "voice")
     if isinstance(voice, int) and voice < 0:
         raise InvalidRequest(f"'voice' as a speaker id must be >= 0, got {voice}", "voice")
     speed = f.get("speed", float, 1.0)
