@@ -36,19 +36,21 @@ def tts_standins(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def asr_standins(tmp_path_factory) -> dict[str, Path]:
-    """NeMo CTC, SenseVoice, Paraformer, NeMo TDT transducer and Moonshine model folders with their families' interfaces (tests/assets/asr_standins.py)."""
+    """NeMo CTC, SenseVoice, Paraformer, NeMo TDT and icefall transducers, and Moonshine model folders with their families' interfaces (tests/assets/asr_standins.py)."""
     from tests.assets import asr_standins
     base = tmp_path_factory.mktemp("asr-standins")
     made = {"nemo_ctc": base / "sherpa-onnx-nemo-ctc-en-conformer-small",
             "sense_voice": base / "sherpa-onnx-sense-voice-zh-en-ja-ko-yue-2024-07-17",
             "paraformer": base / "sherpa-onnx-paraformer-en-2024-03-09",
             "nemo_transducer": base / "sherpa-onnx-nemo-parakeet-tdt-0.6b-v2-int8",
-            "moonshine": base / "sherpa-onnx-moonshine-tiny-en-int8"}
+            "moonshine": base / "sherpa-onnx-moonshine-tiny-en-int8",
+            "transducer": base / "sherpa-onnx-zipformer-en-2023-06-26"}
     asr_standins.make_nemo_ctc(made["nemo_ctc"])
     asr_standins.make_sense_voice(made["sense_voice"])
     asr_standins.make_paraformer(made["paraformer"])
     asr_standins.make_parakeet_tdt(made["nemo_transducer"])
     asr_standins.make_moonshine(made["moonshine"])
+    asr_standins.make_zipformer_transducer(made["transducer"])
     return made
 
 

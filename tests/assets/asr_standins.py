@@ -1,5 +1,5 @@
 """Stand-ins for the ASR families no package registry carries (NeMo CTC, SenseVoice, Paraformer, NeMo
-parakeet TDT, Moonshine), in the layout of sherpa-onnx's release folders: the same file names, the
+parakeet TDT, icefall zipformer transducer, Moonshine), in the layout of sherpa-onnx's release folders: the same file names, the
 metadata its loaders read and each family's inputs and outputs. Whatever audio they hear, they emit
 logits spelling PHRASE, so a test can check that sherpa-onnx ran the model through the configuration
 llamadesk built (features, batching, the family's decoder, tokens) and that the text comes back.
@@ -53,6 +53,22 @@ def _batch_and_frames(features: str, time_axis: int) -> list[onnx.NodeProto]:
         helper.make_node("Gather", ["dims", "i_time"], ["frames_1"]),
         helper.make_node("Squeeze", ["frames_1"], ["frames"]),
     ]
+
+
+def _zero_encoder(features: str, time_axis: int, lengths: str, sub: int, dim: int, out: str, out_lengths: str,
+                  channels_first: bool) -> list[onnx.NodeProto]:
+    """A transducer encoder's outputs: zeros of (B, dim, T / sub) or (B, T / sub, dim), and lengths / sub."""
+    order = ["batch_1", "dim", "steps_1"] if channels_first else ["batch_1", "steps_1", "dim"]
+    return _ordered(_batch_and_frames(features, time_axis) + [
+        const("sub", sub, np.int64), const("dim", [dim], np.int64), const("zero_f", [0.0]),
+        const("minus1", [-1], np.int64),
+        helper.make_node("Div", ["frames", "sub"], ["steps"]),
+        helper.make_node("Reshape", ["batch", "minus1"], ["batch_1"]),
+        helper.make_node("Reshape", ["steps", "minus1"], ["steps_1"]),
+        helper.make_node("Concat", order, ["enc_shape"], axis=0),
+        helper.make_node("Expand", ["zero_f", "enc_shape"], [out]),
+        helper.make_node("Div", [lengths, "sub"], [out_lengths]),
+    ])
 
 
 def _ordered(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
@@ -148,15 +164,8 @@ def make_parakeet_tdt(out: Path) -> None:
     ids = _tokens(out / "tokens.txt", ["<unk>", "▁hel", "lo", "▁world", "<blk>"])
     vocab, blank, dim, durations = len(ids), ids["<blk>"], 4, 5
     sub = 8
-    encoder = helper.make_graph(_ordered(_batch_and_frames("audio_signal", 2) + [
-        const("sub", sub, np.int64), const("dim", [dim], np.int64), const("zero_f", [0.0]),
-        helper.make_node("Div", ["frames", "sub"], ["steps"]),
-        helper.make_node("Reshape", ["batch", "minus1"], ["batch_1"]), const("minus1", [-1], np.int64),
-        helper.make_node("Reshape", ["steps", "minus1"], ["steps_1"]),
-        helper.make_node("Concat", ["batch_1", "dim", "steps_1"], ["enc_shape"], axis=0),
-        helper.make_node("Expand", ["zero_f", "enc_shape"], ["outputs"]),
-        helper.make_node("Div", ["length", "sub"], ["encoded_lengths"]),
-    ]), "parakeet-encoder-standin",
+    encoder = helper.make_graph(_zero_encoder("audio_signal", 2, "length", sub, dim, "outputs", "encoded_lengths",
+                                              channels_first=True), "parakeet-encoder-standin",
         [helper.make_tensor_value_info("audio_signal", TensorProto.FLOAT, ["B", FEAT, "T"]),
          helper.make_tensor_value_info("length", TensorProto.INT64, ["B"])],
         [helper.make_tensor_value_info("outputs", TensorProto.FLOAT, ["B", dim, "T2"]),
@@ -251,3 +260,43 @@ def make_moonshine(out: Path) -> None:
                                   helper.make_tensor_value_info("cache_out", TensorProto.FLOAT, [1])])
     save(decoder("moonshine-uncached-standin", False), out / "uncached_decode.int8.onnx")
     save(decoder("moonshine-cached-standin", True), out / "cached_decode.int8.onnx")
+
+
+def make_zipformer_transducer(out: Path) -> None:
+    """Like sherpa-onnx-zipformer-en-2023-06-26/ (icefall): encoder, decoder (the last context_size tokens)
+    and joiner .int8.onnx + tokens.txt, run by sherpa-onnx's batched greedy search (one token per frame at
+    most). The decoder's output is the one-hot of the last token; the joiner maps it to the next token of
+    PHRASE, then blank."""
+    out.mkdir(parents=True, exist_ok=True)
+    ids = _tokens(out / "tokens.txt", ["<blk>", "<sos/eos>", "<unk>", "▁hel", "lo", "▁world"])
+    vocab, dim, sub = len(ids), 4, 4
+    encoder = helper.make_graph(_zero_encoder("x", 1, "x_lens", sub, dim, "encoder_out", "encoder_out_lens",
+                                              channels_first=False), "zipformer-encoder-standin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", FEAT]),
+         helper.make_tensor_value_info("x_lens", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("encoder_out", TensorProto.FLOAT, ["N", "T2", dim]),
+         helper.make_tensor_value_info("encoder_out_lens", TensorProto.INT64, ["N"])])
+    save(encoder, out / "encoder-epoch-99-avg-1.int8.onnx", {"model_type": "zipformer2", "comment": "stand-in"})
+    decoder = helper.make_graph([
+        const("eye", np.eye(vocab, dtype=np.float32)), const("last_col", [1], np.int64),
+        helper.make_node("Gather", ["y", "last_col"], ["last_2d"], axis=1),      # (N, 1)
+        helper.make_node("Squeeze", ["last_2d", "last_col"], ["last"]),           # (N,)
+        helper.make_node("Gather", ["eye", "last"], ["decoder_out"], axis=0),     # (N, V)
+    ], "zipformer-decoder-standin",
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["N", 2])],
+        [helper.make_tensor_value_info("decoder_out", TensorProto.FLOAT, ["N", vocab])])
+    save(decoder, out / "decoder-epoch-99-avg-1.int8.onnx", {"vocab_size": vocab, "context_size": 2})
+    follows = {ids["<blk>"]: ids["▁hel"], ids["▁hel"]: ids["lo"], ids["lo"]: ids["▁world"]}  # else: blank
+    table = np.full((vocab, vocab), -10.0, np.float32)
+    for last in range(vocab):
+        table[last, follows.get(last, ids["<blk>"])] = 10.0
+    joiner = helper.make_graph([
+        const("table", table),
+        helper.make_node("MatMul", ["decoder_out", "table"], ["scores"]),
+        helper.make_node("ReduceSum", ["encoder_out"], ["enc_sum"], keepdims=0),
+        helper.make_node("Add", ["scores", "enc_sum"], ["logit"]),  # the encoder output (zeros) takes part
+    ], "zipformer-joiner-standin",
+        [helper.make_tensor_value_info("encoder_out", TensorProto.FLOAT, ["N", dim]),
+         helper.make_tensor_value_info("decoder_out", TensorProto.FLOAT, ["N", vocab])],
+        [helper.make_tensor_value_info("logit", TensorProto.FLOAT, ["N", vocab])])
+    save(joiner, out / "joiner-epoch-99-avg-1.int8.onnx")

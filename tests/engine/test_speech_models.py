@@ -238,7 +238,8 @@ def test_asr_models_missing_what_sherpa_onnx_reads_are_refused(tmp_path, files, 
     assert missing in err.value.message
 
 
-@pytest.mark.parametrize("family", ["nemo_ctc", "sense_voice", "paraformer", "nemo_transducer", "moonshine"])
+@pytest.mark.parametrize("family", ["nemo_ctc", "sense_voice", "paraformer", "nemo_transducer", "transducer",
+                                    "moonshine"])
 def test_each_asr_family_decodes_through_sherpa_onnx(asr_standins, family):
     """The stand-ins spell PHRASE whatever they hear: the text coming back means sherpa-onnx ran the model with
     the configuration llamadesk built, several spans batched in one decode."""
