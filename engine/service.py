@@ -359,8 +359,8 @@ class Service:
         is saved as the authoritative config; if the new shape cannot load, the old one is put back."""
         if name not in self.slots:
             raise ModelNotFound(f"The model '{name}' is not loaded", "model")
-        path = next(m["path"] for m in self.models() if m["id"] == name)
-        old = next((m for m in self.config.models if m.name == name), None) or ModelEntry(name=name, path=path)
+        old = next((m for m in self.config.models if m.name == name), None) or \
+            ModelEntry(name=name, path=str(self.slots[name].model.path))
         new = dataclasses.replace(old, **{k: v for k, v in (("ctx", ctx), ("streams", streams), ("chunk", chunk),
                                                              ("kv_dtype", kv_dtype)) if v is not None})
         _check_shape(new)
@@ -371,8 +371,10 @@ class Service:
         except EngineError:
             await self.add_model(old, make_default=was_default)
             raise
-        self.config.models = [new if m.name == name else m for m in self.config.models] + \
-            ([] if any(m.name == name for m in self.config.models) else [new])
+        if old in self.config.models:
+            self.config.models[self.config.models.index(old)] = new
+        else:  # a model loaded without a roster entry (the GUI's Open GGUF…) gets one
+            self.config.models.append(new)
         if self.config.path is not None:
             await asyncio.to_thread(save_authoritative, self.config.path, {}, self.config.models)
         log.info("reloaded %s with ctx %s, streams %s, chunk %s, kv %s", name, new.ctx, new.streams, new.chunk,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from PySide6.QtCore import QBuffer, QIODevice, QObject, QUrl, Signal
+from PySide6.QtWidgets import QPushButton
 
 from engine.speech.audio import encode
 
@@ -110,3 +111,27 @@ class AudioIO(QObject):
     @property
     def recording(self) -> bool:
         return self._source is not None
+
+
+class RecordButton(QPushButton):
+    """Starts and stops a recording from the default microphone (AudioIO.recorded follows); off, with the
+    reason as its tooltip, while there is no microphone, and on again when one appears."""
+
+    def __init__(self, audio_io: AudioIO, idle: str, busy: str, tooltip: str):
+        super().__init__(idle)
+        self.audio_io, self.idle, self.busy, self.tooltip = audio_io, idle, busy, tooltip
+        self.clicked.connect(self.toggle)
+        audio_io.devices_changed.connect(self.follow_devices)
+        self.follow_devices()
+
+    def follow_devices(self) -> None:
+        why = self.audio_io.why_not("record")
+        self.setEnabled(why is None or self.audio_io.recording)
+        self.setToolTip(why or self.tooltip)
+
+    def toggle(self) -> None:
+        if self.audio_io.recording:
+            self.audio_io.stop_recording()
+            self.setText(self.idle)
+        elif self.audio_io.start_recording():
+            self.setText(self.busy)

@@ -10,7 +10,7 @@ import numpy as np
 
 from engine.errors import InvalidRequest, ModelLoadError
 from engine.speech.audio import ASR_RATE
-from engine.speech.modelfiles import check_metadata, model_dir, one_file, onnx_info, truthy
+from engine.speech.modelfiles import check_metadata, metadata_int, model_dir, one_file, onnx_info, truthy
 from engine.speech.pool import WorkerPool
 from engine.speech.vad import VadService
 
@@ -93,34 +93,34 @@ def _token_ids(path: Path) -> dict[str, int | None]:
     return ids
 
 
-def _token_symbols(path: Path) -> set[str]:
-    return set(_token_ids(path))
-
 
 def sniff_asr(path: Path) -> AsrModel:
     """Recognise the model type from the files in a directory (or beside a file), and check what
-    sherpa-onnx would otherwise end the process over: the metadata it reads, a CTC blank in tokens.txt."""
+    sherpa-onnx would otherwise end the process over: the metadata it reads, the special tokens it needs."""
     model = _sniff_asr_files(path)
     for role, f in model.files.items():
         if f is None:
             raise ModelLoadError(f"{model.path} is missing the {role} file of a {model.kind} model")
-        if f.endswith(".onnx") and role == _ASR_REQUIRED.get(model.kind, ("",))[0]:
-            meta = onnx_info(Path(f), "ASR").metadata
-            _check_asr_metadata(model.kind, meta, Path(f))
-            if model.kind == "whisper":
-                model.multilingual = truthy(meta["is_multilingual"])
-    if model.kind == "nemo_ctc" and not _token_symbols(Path(model.files["tokens"])) & set(_CTC_BLANKS):
-        raise ModelLoadError(f"{model.files['tokens']} has no CTC blank symbol ({', '.join(_CTC_BLANKS)})")
-    if model.kind == "nemo_transducer":  # NeMo counts its vocabulary without the blank, which comes last
-        vocab = int(onnx_info(Path(model.files["encoder"]), "ASR").metadata["vocab_size"]) + 1
-        lines = _token_ids(Path(model.files["tokens"]))
-        if lines.get("<blk>") != vocab - 1 or len(lines) != vocab:
-            raise ModelLoadError(f"{model.files['tokens']} must list {vocab} tokens with the blank <blk> last "
-                                 f"(it has {len(lines)}, <blk> at {lines.get('<blk>')})")
-    if model.kind == "paraformer" and "</s>" not in _token_symbols(Path(model.files["tokens"])):
-        raise ModelLoadError(f"{model.files['tokens']} has no </s> (a Paraformer's decoding ends there)")
+    if model.kind not in _ASR_REQUIRED:  # Moonshine: no metadata read
+        return model
+    checked = Path(model.files[_ASR_REQUIRED[model.kind][0]])
+    meta = onnx_info(checked, "ASR").metadata
+    _check_asr_metadata(model.kind, meta, checked)
+    tokens_path = model.files["tokens"]
+    tokens = _token_ids(Path(tokens_path))
+    if model.kind == "whisper":
+        model.multilingual = truthy(meta["is_multilingual"])
+    elif model.kind == "nemo_ctc" and not tokens.keys() & set(_CTC_BLANKS):
+        raise ModelLoadError(f"{tokens_path} has no CTC blank symbol ({', '.join(_CTC_BLANKS)})")
+    elif model.kind == "nemo_transducer":  # NeMo counts its vocabulary without the blank, which comes last
+        vocab = metadata_int(meta, "vocab_size", checked) + 1
+        if tokens.get("<blk>") != vocab - 1 or len(tokens) != vocab:
+            raise ModelLoadError(f"{tokens_path} must list {vocab} tokens with the blank <blk> last "
+                                 f"(it has {len(tokens)}, <blk> at {tokens.get('<blk>')})")
+    elif model.kind == "paraformer" and "</s>" not in tokens:
+        raise ModelLoadError(f"{tokens_path} has no </s> (a Paraformer's decoding ends there)")
     if model.kind in ("paraformer", "sense_voice"):
-        _check_cmvn(onnx_info(Path(model.files["model"]), "ASR").metadata, Path(model.files["model"]))
+        _check_cmvn(meta, checked)
     return model
 
 

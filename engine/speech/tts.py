@@ -116,7 +116,8 @@ def sniff_tts(path: Path) -> TtsModel:
     """Recognise a TTS model directory from its files and the metadata sherpa-onnx reads, and check
     everything sherpa-onnx would otherwise end the process over."""
     d = model_dir(path, "TTS")
-    model, kind, meta = _find_model(d, Path(path))
+    model, kind, info = _find_model(d, Path(path))
+    meta = info.metadata
     tokens = d / "tokens.txt"
     if not tokens.is_file():
         raise ModelLoadError(f"{d} has no tokens.txt beside {model.name}")
@@ -133,7 +134,7 @@ def sniff_tts(path: Path) -> TtsModel:
             raise ModelLoadError(f"{d} has no voices.bin (a {kind} model keeps its voices there)")
         _check_styles(kind, meta, model, voices_bin)
         files["voices"] = str(voices_bin)
-    if kind == "matcha" and onnx_info(model, "TTS").outputs[:1] != ["audio_output"]:
+    if kind == "matcha" and info.outputs[:1] != ["audio_output"]:
         vocoder = _find_vocoder(d)
         if vocoder is None:
             raise ModelLoadError(f"{d} holds a Matcha acoustic model but no vocoder: put vocos-22khz-univ.onnx or "
@@ -144,18 +145,18 @@ def sniff_tts(path: Path) -> TtsModel:
                     phonemes=not spelled)
 
 
-def _find_model(d: Path, given: Path) -> tuple[Path, str, dict[str, str]]:
+def _find_model(d: Path, given: Path) -> tuple[Path, str, onnxinfo.OnnxInfo]:
     """The model file (the one given, or the first .onnx in d whose metadata names a TTS family), its family
-    and its metadata."""
+    and what sherpa-onnx will read from it."""
     for p in [given] if given.is_file() else sorted(d.glob("*.onnx")):
         if not p.name.endswith(".onnx"):
             continue
-        meta = onnx_info(p, "TTS").metadata
-        kind = _TTS_TYPES.get(meta.get("model_type", ""))
-        if kind is None and meta.get("comment") == "piper":
+        info = onnx_info(p, "TTS")
+        kind = _TTS_TYPES.get(info.metadata.get("model_type", ""))
+        if kind is None and info.metadata.get("comment") == "piper":
             kind = "vits"
         if kind:
-            return p, kind, meta
+            return p, kind, info
     raise ModelLoadError(f"{d} does not look like a sherpa-onnx TTS model (an .onnx file whose metadata names "
                          "vits, kokoro, kitten-tts or matcha-tts, and tokens.txt)")
 
@@ -197,7 +198,6 @@ class TtsService:
             return sherpa_onnx.OfflineTts(m.sherpa_config())
         self.pool = WorkerPool("tts", 1, 16, make)
         self.sample_rate = m.sample_rate
-        self.speakers = len(m.voices)
         # VITS samples its durations, so the same text never comes out the same twice; recent results
         # are kept so that asking again (another format, a replay, a save) gives the very same audio
         self._recent: OrderedDict[tuple, tuple[np.ndarray, int]] = OrderedDict()
@@ -218,7 +218,7 @@ class TtsService:
         if voice in self.model.voices:
             return self.model.voices.index(voice)
         if voice in OPENAI_VOICES:
-            return OPENAI_VOICES.index(voice) % max(1, self.speakers)
+            return OPENAI_VOICES.index(voice) % len(self.model.voices)
         raise InvalidRequest(f"unknown voice {voice!r}; this model's voices: {', '.join(self.model.voices)} "
                              f"(OpenAI's names map onto them)", "voice")
 

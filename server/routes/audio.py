@@ -24,6 +24,7 @@ ASR_ALIASES = {"whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe"}
 TTS_ALIASES = {"tts-1", "tts-1-hd", "gpt-4o-mini-tts"}
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 MAX_VAD_S = 120.0
+CONCATENATE = ("pcm", "mp3", "aac")  # formats whose pieces, sent one after another, make one valid stream
 LANGUAGES = {"en": "english"}
 
 
@@ -168,9 +169,6 @@ async def speech(request: web.Request) -> web.StreamResponse:
     rate = parts[0][1]
     data, content_type = await asyncio.to_thread(audio.encode, np.concatenate([p for p, _ in parts]), rate, fmt)
     return web.Response(body=data, content_type=content_type.split(";")[0])
-
-
-CONCATENATE = ("pcm", "mp3", "aac")  # formats whose pieces, sent one after another, make one valid stream
 
 
 async def _speech_events(request: web.Request, svc, text: str, voice, speed: float, fmt: str) -> web.StreamResponse:

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QFormLayo
                                QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QTextBrowser,
                                QVBoxLayout, QWidget)
 
+from app.gui.audio_io import RecordButton
 from engine.requests import SamplingParams
 
 THINK = re.compile(r"<think>(.*?)(</think>|$)", re.S)
@@ -48,11 +49,10 @@ class ChatPanel(QWidget):
         self.send_button = QPushButton("Send")
         self.stop_button = QPushButton("Stop")
         self.stop_button.setEnabled(False)
-        self.mic_button = QPushButton("🎤")
-        self.mic_button.setToolTip("Record a message (transcribed with the speech-to-text model)")
+        mic_tip = "Record a message (transcribed with the speech-to-text model)"
+        self.mic_button = RecordButton(audio_io, "🎤", "■", mic_tip) if audio_io else QPushButton("🎤", enabled=False)
         self.speaker_button = QPushButton("🔊")
         self.speaker_button.setToolTip("Read the last reply aloud (text-to-speech model)")
-        self.mic_button.clicked.connect(self.toggle_mic)
         self.speaker_button.clicked.connect(self.read_aloud)
         self.status = QLabel()
         new = QPushButton("New chat")
@@ -134,8 +134,6 @@ class ChatPanel(QWidget):
         bridge.transcript_ready.connect(self.on_transcript_ready)
         if audio_io is not None:
             audio_io.recorded.connect(self.on_recorded)
-            audio_io.devices_changed.connect(self.follow_devices)
-            self.follow_devices()
         self.on_models_changed()
 
     # ---- building a request ----------------------------------------------------------------
@@ -216,20 +214,6 @@ class ChatPanel(QWidget):
             self.model.setCurrentIndex(idx)
 
     # ---- voice ---------------------------------------------------------------------------------
-
-    def follow_devices(self) -> None:
-        why = self.audio_io.why_not("record")
-        self.mic_button.setEnabled(why is None or self.audio_io.recording)
-        self.mic_button.setToolTip(why or "Record a message (transcribed with the speech-to-text model)")
-
-    def toggle_mic(self) -> None:
-        if self.audio_io is None:
-            return
-        if self.audio_io.recording:
-            self.audio_io.stop_recording()
-            self.mic_button.setText("🎤")
-        elif self.audio_io.start_recording():
-            self.mic_button.setText("■")
 
     def on_recorded(self, wav: bytes) -> None:
         if self.isVisible():

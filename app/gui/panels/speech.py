@@ -7,6 +7,7 @@ import pyqtgraph as pg
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QLabel,
                                QPlainTextEdit, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
+from app.gui.audio_io import RecordButton
 from engine.speech import audio
 from engine.speech.tts import OPENAI_VOICES
 from engine.speech.subtitles import subtitles
@@ -51,18 +52,16 @@ class SpeechPanel(QWidget):
 
         # speech to text
         self.open_button = QPushButton("Open audio…")
-        self.record_button = QPushButton("Record")
+        self.record_button = RecordButton(audio_io, "Record", "Stop recording",
+                                          "Record from the default microphone; press again to stop and transcribe")
         self.use_speech_button = QPushButton("Transcribe what was spoken above")
         self.export_srt = QPushButton("Export .srt…")
         self.export_vtt = QPushButton("Export .vtt…")
         self.open_button.clicked.connect(self.ask_open)
-        self.record_button.clicked.connect(self.toggle_recording)
         self.use_speech_button.clicked.connect(self.transcribe_last_speech)
         self.export_srt.clicked.connect(lambda: self.ask_export("srt"))
         self.export_vtt.clicked.connect(lambda: self.ask_export("vtt"))
-        audio_io.devices_changed.connect(self.follow_devices)
         audio_io.problem.connect(self.status_problem)
-        self.follow_devices()
         self.wave = pg.PlotWidget()
         self.wave.setBackground(None)
         self.wave.setMouseEnabled(False, False)
@@ -171,22 +170,9 @@ class SpeechPanel(QWidget):
         dlg.fileSelected.connect(lambda path: self.transcribe_bytes(open(path, "rb").read()))
         dlg.open()
 
-    def follow_devices(self) -> None:
-        """The Record button is on when there is a microphone, and says why not otherwise."""
-        why = self.audio_io.why_not("record")
-        self.record_button.setEnabled(why is None or self.audio_io.recording)
-        self.record_button.setToolTip(why or "Record from the default microphone; press again to stop and transcribe")
-
     def status_problem(self, message: str) -> None:
         if self.isVisible():
             self.status.setText(message)
-
-    def toggle_recording(self) -> None:
-        if self.audio_io.recording:
-            self.audio_io.stop_recording()
-            self.record_button.setText("Record")
-        elif self.audio_io.start_recording():
-            self.record_button.setText("Stop recording")
 
     def on_recorded(self, wav: bytes) -> None:
         if self.isVisible():
