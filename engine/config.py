@@ -96,12 +96,22 @@ SCHEMA: tuple[Option, ...] = (
     Option("catalog_path", str, None, "a catalog TOML to use instead of the one shipped with llamadesk"),
     Option("max_json_mb", int, 16, "largest JSON request body, in MB (413 beyond)", minimum=1),
     Option("max_upload_mb", int, 64, "largest audio upload, in MB (413 beyond)", minimum=1),
+    Option("max_audio_s", int, 7200, "longest audio a transcription decodes, in seconds (400 beyond; /vad takes 120)",
+           minimum=1),
     Option("cors_origins", str, None, "comma-separated browser origins allowed to call the API (CORS); * for any"),
+    Option("allowed_hosts", str, None, "comma-separated extra host names the server answers to (Host header; "
+           "loopback names always); * for any"),
     Option("api_key", str, None, "when set, every request must carry 'Authorization: Bearer <key>'"),
+    Option("insecure_no_key", bool, False, "allow serving beyond loopback (--host 0.0.0.0) without an API key"),
+    Option("access_log", bool, True, "log one line per request (method, path, status, duration, Origin); "
+           "--access-log off to silence"),
     Option("log_level", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
     Option("no_gui", bool, False, "run the server headless, without importing Qt", cli_only=True),
 )
 OPTIONS = {o.name: o for o in SCHEMA}
+# Who can reach the server and with what key: changed from the GUI, the CLI or the file, never by an HTTP
+# request without the API key (a web page in the user's browser could otherwise open the server up).
+NETWORK_KEYS = ("host", "api_key", "cors_origins", "allowed_hosts", "insecure_no_key")
 MODEL_KEYS = {"name": str, "path": str, "default": bool, "ctx": int, "streams": int, "chunk": int,
               "kv_dtype": str, "chat_template": str, "tool_format": str}
 TOOL_FORMATS = ("hermes", "llama_json", "mistral", "harmony", "gemma", "generic", "none")
@@ -189,8 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     for o in SCHEMA:
         names = [o.flag] + ([o.short] if o.short else [])
         default_txt = "" if o.default is None else f" (default: {o.default})"
-        if o.type is bool:
-            p.add_argument(*names, action="store_const", const="true", dest=o.name, help=o.help)
+        if o.type is bool:  # --flag turns it on; --flag off (or false/no/0) turns it off
+            p.add_argument(*names, nargs="?", const="true", dest=o.name, metavar="on|off", help=o.help)
         else:
             metavar = "{" + ",".join(o.choices) + "}" if o.choices else o.name.upper()
             p.add_argument(*names, dest=o.name, metavar=metavar, help=o.help + default_txt)

@@ -22,7 +22,7 @@ from typing import Callable
 import aiohttp
 
 from engine.catalog import Entry, sidecar_path
-from engine.errors import EngineError
+from engine.errors import Conflict, EngineError
 
 log = logging.getLogger("llamadesk.downloads")
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -33,7 +33,7 @@ class DownloadError(EngineError):
     """A download failed for a reason worth telling the user (hash, space, HTTP, archive)."""
 
 
-class DownloadConflict(EngineError):
+class DownloadConflict(Conflict):
     """The entry is already queued or downloading."""
 
 

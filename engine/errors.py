@@ -19,6 +19,18 @@ class ContextLengthExceeded(InvalidRequest):
     """The prompt (plus the requested completion) does not fit the context."""
 
 
+class UnsupportedMediaType(InvalidRequest):
+    """The body is not sent in the media type the route reads (JSON routes take application/json only)."""
+
+
+class PayloadTooLarge(InvalidRequest):
+    """The input is larger than a configured bound (bytes, decoded audio seconds, file size)."""
+
+
+class Forbidden(EngineError):
+    """The caller may not do this (a foreign Origin, a network setting changed without the API key)."""
+
+
 class ModelNotFound(EngineError):
     """The request names a model that is not in the roster."""
 

@@ -15,7 +15,10 @@ log = logging.getLogger("llamadesk.server")
 _MAP: list[tuple[type[E.EngineError], int, str, str | None]] = [
     (E.ContextLengthExceeded, 400, "invalid_request_error", "context_length_exceeded"),
     (E.UnsupportedByModel, 400, "invalid_request_error", "model_not_supported"),
+    (E.UnsupportedMediaType, 415, "invalid_request_error", "unsupported_media_type"),
+    (E.PayloadTooLarge, 413, "invalid_request_error", "request_too_large"),
     (E.InvalidRequest, 400, "invalid_request_error", None),
+    (E.Forbidden, 403, "permission_error", "forbidden"),
     (E.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
     (E.Conflict, 409, "invalid_request_error", "conflict"),
     (E.BenchRunning, 503, "server_error", "benchmark_running"),

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from engine.chat import ROLES
 from server.errors import MAX_BODY_KEY
-from engine.errors import InvalidRequest
+from engine.errors import InvalidRequest, UnsupportedMediaType
 from engine.requests import ChatRequest, CompletionRequest, SamplingParams
 from engine.tools import schema_grammar
 
@@ -25,21 +25,55 @@ _HARMLESS = {"user", "store", "metadata", "service_tier", "prediction", "modalit
              "reasoning_effort", "dimensions"}
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """The request body as a JSON object (InvalidRequest if it is not one; 413 over the JSON limit)."""
+MAX_DEPTH = 64  # deepest nesting of arrays and objects a JSON body may have
+
+
+async def read_json(request: web.Request, empty_ok: bool = False) -> dict[str, Any]:
+    """The request body as a JSON object (InvalidRequest if it is not one; 413 over the JSON limit; 415 unless
+    it is sent as application/json). empty_ok: an empty body (no Content-Type needed) reads as {}."""
     limit = request.app[MAX_BODY_KEY]
     if request.content_length is not None and request.content_length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
+    if empty_ok and request.content_length == 0:
+        return {}
+    # A web page can send text/plain, form or multipart bodies to any origin without a CORS preflight;
+    # JSON routes take only JSON, so such a "simple" request never reaches a handler.
+    if request.content_type != "application/json":
+        got = request.headers.get("Content-Type")
+        raise UnsupportedMediaType(f"send the body as JSON with 'Content-Type: application/json' (got "
+                                   f"{got!r})" if got else "send the body as JSON with 'Content-Type: "
+                                   "application/json' (the request had no Content-Type)")
     raw = await request.read()
     if len(raw) > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(raw))
+    if empty_ok and not raw.strip():
+        return {}
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InvalidRequest(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        body = None  # deeper than the parser goes: reported as too deep below
+    if body is None or _depth_exceeds(body, MAX_DEPTH):
+        raise InvalidRequest(f"the request body nests arrays and objects more than {MAX_DEPTH} levels deep")
     if not isinstance(body, dict):
-        raise InvalidRequest(f"the request body must be a JSON object, not {type(body).__name__}")
+        raise InvalidRequest(f"the request body must be a JSON object, not {_json_type(body)}")
     return body
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether value nests lists and dicts deeper than limit (iteratively: no recursion to exhaust)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            v = v.values()
+        elif not isinstance(v, list):
+            continue
+        if depth > limit:
+            return True
+        stack.extend((x, depth + 1) for x in v if isinstance(x, (list, dict)))
+    return False
 
 
 class Fields:

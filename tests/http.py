@@ -9,7 +9,8 @@ from typing import Any
 
 def request(url: str, method: str = "GET", body: Any = None, timeout: float = 120) -> tuple[int, Any]:
     """(status, parsed JSON or text) of a request to url; HTTP errors are returned, not raised."""
-    req = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
+                                 headers={} if body is None else {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             raw = r.read().decode()

@@ -67,7 +67,8 @@ def test_no_model_starts_in_setup_mode(tmp_path):
         url = wait_for_url(proc)
         assert request(url + "/health")[1]["status"] == "setup"
         req = urllib.request.Request(url + "/v1/chat/completions", method="POST",
-                                     data=json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode())
+                                     data=json.dumps({"messages": [{"role": "user", "content": "hi"}]}).encode(),
+                                     headers={"Content-Type": "application/json"})
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req)
         body = json.loads(e.value.read())
@@ -105,7 +106,8 @@ def test_restart_applies_the_saved_config_in_process_and_shutdown_exits(tmp_path
             url = wait_for_url(proc)
 
             def post(path: str, body: dict | None = None) -> tuple[int, dict]:
-                req = urllib.request.Request(url + path, method="POST", data=json.dumps(body or {}).encode())
+                req = urllib.request.Request(url + path, method="POST", data=json.dumps(body or {}).encode(),
+                                             headers={"Content-Type": "application/json"})
                 with urllib.request.urlopen(req, timeout=30) as r:
                     return r.status, json.loads(r.read())
             assert request(url + "/v1/models")[1]["data"][0]["streams"] == 4

@@ -89,7 +89,8 @@ def test_chat_reply_streams_into_the_panel_and_equals_the_servers_greedy_answer(
         await done
         body = {"model": "", "messages": [{"role": "user", "content": "hello there"}], "temperature": 0,
                 "max_tokens": 40}
-        req = urllib.request.Request(gui.host.url + "/v1/chat/completions", data=json.dumps(body).encode())
+        req = urllib.request.Request(gui.host.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
         return await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(req, timeout=30).read()))
     answer = gui.run_loop(scenario())
     assert len(deltas) >= 1

@@ -32,7 +32,8 @@ def test_float_and_base64_agree(smol_server):
     def post(fmt: str) -> dict:
         req = urllib.request.Request(smol_server.url + "/v1/embeddings", method="POST",
                                      data=json.dumps({"model": "minilm", "input": "hello there",
-                                                      "encoding_format": fmt}).encode())
+                                                      "encoding_format": fmt}).encode(),
+                                     headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req) as r:
             body = json.loads(r.read())
         if fmt == "float":

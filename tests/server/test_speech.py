@@ -133,7 +133,8 @@ def test_long_input_streams_sentence_by_sentence(speech_server):
     text = " ".join(["This is sentence number %d of a long reading." % i for i in range(1, sentences + 1)])
     jobs_before = speech_server.get("/v1/stats")["tts"]["jobs"]
     req = urllib.request.Request(speech_server.url + "/v1/audio/speech", method="POST",
-                                 data=json.dumps({"input": text, "response_format": "pcm"}).encode())
+                                 data=json.dumps({"input": text, "response_format": "pcm"}).encode(),
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         first = r.read1(4096)
         made = speech_server.get("/v1/stats")["tts"]["jobs"] - jobs_before  # sentences synthesized so far
@@ -144,7 +145,8 @@ def test_long_input_streams_sentence_by_sentence(speech_server):
 
 
 def _speech_events(server, **body) -> list[dict]:
-    req = urllib.request.Request(server.url + "/v1/audio/speech", method="POST", data=json.dumps(body).encode())
+    req = urllib.request.Request(server.url + "/v1/audio/speech", method="POST", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         assert r.headers.get_content_type() == "text/event-stream"
         return [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: ")]
