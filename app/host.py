@@ -10,6 +10,7 @@ from typing import Callable
 
 from engine.config import Config
 from engine.service import Service
+from server.access import check_exposure
 from server.app import Server, start_server
 
 log = logging.getLogger("llamadesk.app")
@@ -27,6 +28,8 @@ class Host:
         self.service: Service | None = None
         self.server: Server | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._lock = asyncio.Lock()  # one stop or reload at a time
+        self.closing = False  # stop() was asked for: no reload may start the server again
 
     @property
     def url(self) -> str | None:
@@ -38,6 +41,7 @@ class Host:
 
     async def start(self) -> None:
         """Load the configured models (off the loop), start the scheduler, then listen."""
+        check_exposure(self.config)  # InsecureBind before any model loads
         service = Service(self.config)
         log.info("loading %d model(s)", len(self.config.models))
         await asyncio.to_thread(service.load_models)  # EngineError (e.g. a bad GGUF) propagates
@@ -73,7 +77,13 @@ class Host:
             log.info("serving resumed on %s/v1", self.server.url)
 
     async def stop(self, drain_s: float = 0.0) -> None:
-        """Let running streams finish for up to drain_s, then stop listening and free the models."""
+        """Let running streams finish for up to drain_s, then stop listening and free the models. Waits for
+        a reload in progress (/restart then /shutdown back to back) and cancels any later one."""
+        self.closing = True
+        async with self._lock:
+            await self._stop(drain_s)
+
+    async def _stop(self, drain_s: float) -> None:
         if self.service and drain_s > 0:
             deadline = time.monotonic() + drain_s
             while time.monotonic() < deadline and self.service.stats()["active_streams"]:
@@ -90,11 +100,15 @@ class Host:
     async def reload(self, config: Config, drain_s: float = 0.0) -> None:
         """Apply a new configuration in process: stop everything, start again (no process restart).
         A port of 0 ("any free port") keeps the port already bound, so clients find the server again."""
-        if config.port == 0 and self.server is not None:
-            config.values["port"] = self.server.port
-        await self.stop(drain_s)
-        self.config = config
-        await self.start()
+        async with self._lock:
+            if self.closing:
+                log.info("not reloading: the server is shutting down")
+                return
+            if config.port == 0 and self.server is not None:
+                config.values["port"] = self.server.port
+            await self._stop(drain_s)
+            self.config = config
+            await self.start()
         if self.on_reload is not None:
             self.on_reload()
 

@@ -29,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"llamadesk: error: {e}", file=sys.stderr)
         return 2
+    from server.access import InsecureBind, check_exposure
+    try:
+        check_exposure(config)  # before any model loads: serving on the network needs a key
+    except InsecureBind as e:
+        print(f"llamadesk: error: {e.message}", file=sys.stderr)
+        return 2
     from app import logs
     logfile = logs.setup(config.log_level)
     if logfile:

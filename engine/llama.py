@@ -75,7 +75,7 @@ class LlamaModel:
     def __init__(self, path: Path, gpu: str = "auto", progress: Callable[[float], None] | None = None):
         init_backend()
         self.path = Path(path)
-        _check_gguf(self.path)
+        check_gguf(self.path)
         params = L.llama_model_default_params()
         params.n_gpu_layers = 999 if gpu == "auto" else 0
         if progress is not None:  # llama.cpp reports 0..1 while it reads the weights
@@ -177,15 +177,20 @@ class LlamaModel:
             self.ptr = None
 
 
-def _check_gguf(path: Path) -> None:
-    if not path.exists():
-        raise ModelLoadError(f"model file not found: {path}")
-    if not path.is_file():
-        raise ModelLoadError(f"model path is not a file: {path}")
-    with open(path, "rb") as f:
-        magic = f.read(4)
+def check_gguf(path: Path) -> None:
+    """ModelLoadError unless path is a readable regular file starting with the GGUF magic."""
+    shown = str(path) if len(str(path)) <= 300 else str(path)[:300] + "…"
+    try:
+        if not path.exists():
+            raise ModelLoadError(f"model file not found: {shown}")
+        if not path.is_file():
+            raise ModelLoadError(f"model path is not a file: {shown}")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except (OSError, ValueError) as e:  # a name too long, a NUL byte, no permission
+        raise ModelLoadError(f"cannot open model file {shown}: {getattr(e, 'strerror', None) or e}") from None
     if magic != _GGUF_MAGIC:
-        raise ModelLoadError(f"{path} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        raise ModelLoadError(f"{shown} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
 
 
 class _Context:
@@ -336,6 +341,26 @@ def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, lis
     return float(logits[token]) - lse, best
 
 
+_grammar_lock = threading.Lock()
+
+
+def _grammar_sampler(model: LlamaModel, grammar: str, triggers: list[str] | None):
+    """llama.cpp's grammar sampler for GBNF (lazy when triggers are given: free text until a trigger matches,
+    then the grammar from its group on); InvalidRequest with llama.cpp's reason when it cannot parse it."""
+    with _grammar_lock:  # parse errors arrive through the one log callback: one parse at a time
+        _recent_errors.clear()
+        if triggers:
+            pats = (ctypes.c_char_p * len(triggers))(*[t.encode() for t in triggers])
+            g = L.llama_sampler_init_grammar_lazy_patterns(model.vocab, grammar.encode(), b"root", pats,
+                                                           len(triggers), None, 0)
+        else:
+            g = L.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+        if not g:
+            raise InvalidRequest("the output grammar could not be parsed by llama.cpp: "
+                                 + ("; ".join(_recent_errors) or "invalid GBNF"))
+        return g
+
+
 class SamplerChain:
     """A per-stream llama.cpp sampler chain, with a numpy fast path for plain greedy decoding."""
 
@@ -352,24 +377,18 @@ class SamplerChain:
             return  # the whole-vocabulary greedy chain costs 10x a numpy argmax (perf notes)
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         if grammar:
-            _recent_errors.clear()
-            if grammar_triggers:  # lazy: free text until a trigger matches, then the grammar from its group on
-                pats = (ctypes.c_char_p * len(grammar_triggers))(*[t.encode() for t in grammar_triggers])
-                g = L.llama_sampler_init_grammar_lazy_patterns(model.vocab, grammar.encode(), b"root", pats,
-                                                               len(grammar_triggers), None, 0)
-            else:
-                g = L.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
-            if not g:
+            try:
+                L.llama_sampler_chain_add(chain, _grammar_sampler(model, grammar, grammar_triggers))
+            except InvalidRequest:
                 L.llama_sampler_free(chain)
-                raise InvalidRequest("the output grammar could not be parsed by llama.cpp: "
-                                     + ("; ".join(_recent_errors) or "invalid GBNF"))
-            L.llama_sampler_chain_add(chain, g)
+                raise
         if logit_bias:
             arr = (L.llama_logit_bias * len(logit_bias))(*[L.llama_logit_bias(t, b) for t, b in logit_bias.items()])
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(model.n_vocab, len(logit_bias), arr))
         if penalties:
+            # this llama.cpp's penalties sampler takes the vocabulary size first (llama.h)
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(
-                penalty_last_n, repeat_penalty, frequency_penalty, presence_penalty))
+                model.n_vocab, penalty_last_n, repeat_penalty, frequency_penalty, presence_penalty))
         if temperature <= 0:
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
         else:

@@ -12,8 +12,10 @@ from typing import Any
 
 
 class StreamState(Enum):
-    """Where a stream is in its life."""
+    """Where a stream is in its life: INBOX (submitted on the event loop, not yet seen by the scheduler
+    thread), QUEUED (waiting for a sequence), PREFILL, DECODE, DONE."""
 
+    INBOX = "inbox"
     QUEUED = "queued"
     PREFILL = "prefill"
     DECODE = "decode"
@@ -26,7 +28,7 @@ class Stream:
 
     id: str
     prompt: list[int]
-    state: StreamState = StreamState.QUEUED
+    state: StreamState = StreamState.INBOX
     seq: int = -1
     num_cached_tokens: int = 0  # tokens of this stream already in its sequence's KV cache
     generated: list[int] = field(default_factory=list)
@@ -135,12 +137,15 @@ class Scheduler:
         stream.state = StreamState.DECODE
 
     def finish(self, stream: Stream) -> None:
-        """Retire a stream; its sequence becomes free and keeps its KV for prefix reuse."""
+        """Retire a stream; its sequence becomes free and keeps its KV for prefix reuse. A stream the
+        scheduler never took (INBOX) or already retired is only marked done."""
         if stream.state is StreamState.QUEUED:
-            self.waiting.remove(stream)
+            if stream in self.waiting:
+                self.waiting.remove(stream)
         elif stream in self.running:
             self.running.remove(stream)
-            self.free_seqs.append(stream.seq)
+            if stream.seq not in self.free_seqs:
+                self.free_seqs.append(stream.seq)
         stream.state = StreamState.DONE
 
     def forget(self, seq: int) -> None:

@@ -31,7 +31,7 @@ from engine.errors import (BenchRunning, Conflict, ContextLengthExceeded, Engine
                            ModelLoadError, ModelNotFound, NoModelLoaded, QueueFull, SpeechUnavailable,
                            UnsupportedByModel)
 from engine.requests import ChatRequest, CompletionRequest, SamplingParams
-from engine.slot import Outbox, Slot, SlotSettings
+from engine.slot import Outbox, Slot, SlotSettings, read_chat_template
 from engine.threads import lower_priority
 
 log = logging.getLogger("llamadesk.engine")
@@ -122,7 +122,10 @@ class _Worker(threading.Thread):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, slots: Callable[[], list[Slot]]):
         super().__init__(name="llamadesk-scheduler", daemon=True)
-        self._loop = loop
+        self._event_loop = loop
+        self.restarts = 0  # times the loop failed and was restarted
+        self.tick_errors = 0  # slot ticks that failed (their streams were ended)
+        self.recovering = False
         self._slots = slots
         self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future]] = deque()
         self._event = threading.Event()
@@ -145,9 +148,29 @@ class _Worker(threading.Thread):
         self._stopping = True
         self._event.set()
 
+    @property
+    def healthy(self) -> bool:
+        """Whether the thread is alive and ticking (not recovering from a failed loop)."""
+        return self.is_alive() and not self.recovering
+
     def run(self) -> None:
+        """The supervisor: the loop below never ends on an exception, it is logged, counted and restarted."""
         lower_priority()
         out = Outbox()
+        while not self._stopping:
+            try:
+                self._loop(out)
+            except BaseException:
+                self.restarts += 1
+                self.recovering = True
+                log.exception("the scheduler loop failed; restarting it (restart %d)", self.restarts)
+                time.sleep(min(0.05 * self.restarts, 1.0))  # a fault that repeats must not spin the CPU
+        while self._calls:  # nobody will run these now
+            _, fut = self._calls.popleft()
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(EngineStopped("the engine is shutting down"))
+
+    def _loop(self, out: Outbox) -> None:
         last_flush = 0.0
         while not self._stopping:
             while self._calls:
@@ -161,26 +184,28 @@ class _Worker(threading.Thread):
             for slot in self._slots():
                 try:
                     worked |= slot.step(out)
-                except Exception:
+                except Exception as e:
+                    self.tick_errors += 1
                     log.exception("scheduler tick failed for %s; ending its streams", slot.id)
-                    for s in slot.live_streams():
-                        slot._end(s, "error", out, error=EngineError("internal error in the scheduler"))
+                    n = slot.fail_all(out, EngineError(f"internal error in the scheduler ({type(e).__name__}); "
+                                                       "the request was ended, the server keeps serving"))
+                    log.error("%s: %d stream(s) ended by the failed tick", slot.id, n)
+            self.recovering = False
             now = time.monotonic()
             if out.events and (out.urgent or not worked or now - last_flush >= FLUSH_S):
-                self._loop.call_soon_threadsafe(_deliver, out.take())
+                self._event_loop.call_soon_threadsafe(_deliver, out.take())
                 last_flush = now
             if not worked and not self._calls:
                 self._event.wait()
                 self._event.clear()
-        while self._calls:  # nobody will run these now
-            _, fut = self._calls.popleft()
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(EngineStopped("the engine is shutting down"))
 
 
 def _deliver(out: list) -> None:
     for sink, event in out:
-        sink.push(event)
+        try:
+            sink.push(event)
+        except Exception:  # one collector's failure must not lose the other requests' events
+            log.exception("delivering an engine event failed")
 
 
 def _check_shape(entry: ModelEntry) -> None:
@@ -306,7 +331,10 @@ class Service:
 
     @property
     def status(self) -> str:
-        """ok, loading (a model is being loaded) or setup (nothing to serve yet)."""
+        """ok, loading (a model is being loaded), setup (nothing to serve yet) or degraded (the scheduler
+        thread is not ticking: it is recovering from a failed loop, or it died)."""
+        if self._worker is not None and not self._worker.healthy:
+            return "degraded"
         if self.loading:
             return "loading"
         return "setup" if self.setup_mode else "ok"
@@ -317,6 +345,8 @@ class Service:
         progress(fraction) is called on the event loop as the weights load."""
         self._not_benching("load a model")
         _check_shape(entry)
+        if entry.chat_template:  # a file that is no template is refused before any weights load
+            await asyncio.to_thread(read_chat_template, entry.chat_template)
         if entry.name in self.loading:
             raise Conflict(f"model '{entry.name}' is already loading")
         if entry.name in self.slots:
@@ -490,11 +520,7 @@ class Service:
     async def import_gguf(self, path: str) -> dict[str, Any]:
         """Copy a GGUF from disk into models_dir so the catalog lists it (checked to be a GGUF first)."""
         src = Path(path).expanduser()
-        if not src.is_file():
-            raise InvalidRequest(f"no such file: {src}", "path")
-        with open(src, "rb") as f:
-            if f.read(4) != b"GGUF":
-                raise ModelLoadError(f"{src} is not a GGUF file")
+        llama.check_gguf(src)
         dest_dir = self.config.models_dir()
         dest = dest_dir / src.name
         if dest.exists():
@@ -552,7 +578,7 @@ class Service:
                                   template_kwargs={**req.template_kwargs, **plan.template_kwargs})
         prompt, text = await asyncio.get_running_loop().run_in_executor(self._prep, self._chat_tokens, slot, req)
         reasoning = slot.thinks and req.template_kwargs.get("enable_thinking") is not False
-        gen = self._submit(slot, prompt, sampling, render_special=plan.tools_active or reasoning)
+        gen = await self._submit(slot, prompt, sampling, render_special=plan.tools_active or reasoning)
         gen.tools_active, gen.reasoning, gen.constrained_calls = plan.tools_active, reasoning, constrained
         # templates that open <think> in the generation prompt: the reply starts inside the reasoning
         gen.in_reasoning = reasoning and text.rstrip().endswith("<think>")
@@ -572,10 +598,12 @@ class Service:
                                      "prompt")
         if not prompt:
             raise InvalidRequest("the prompt is empty", "prompt")
-        return self._submit(slot, prompt, req.sampling)
+        return await self._submit(slot, prompt, req.sampling)
 
-    def _submit(self, slot: Slot, prompt: list[int], sampling: SamplingParams,
-                render_special: bool = False) -> Generation:
+    async def _submit(self, slot: Slot, prompt: list[int], sampling: SamplingParams,
+                      render_special: bool = False) -> Generation:
+        """Check the request against the model, build its sampler (a grammar llama.cpp refuses is a 400
+        here, before anything streams) and hand it to the scheduler thread."""
         if self._worker is None:
             raise EngineStopped("the engine is not running")
         if slot.outstanding >= slot.settings.streams + MAX_QUEUED:
@@ -585,9 +613,18 @@ class Service:
         gen = Generation(self, slot, f"{next(self._ids):x}{uuid.uuid4().hex[:12]}")
         stream = slot.make_stream(gen.id, prompt, sampling, gen, explicit_max=sampling.max_tokens is not None,
                                   render_special=render_special)
+        slot.check_sampling(sampling)
+        slot.outstanding += 1  # the place is taken while the sampler is built; given back if that fails
+        fut = asyncio.get_running_loop().run_in_executor(self._prep, slot.new_sampler, sampling)
+        try:
+            stream.job.sampler = await asyncio.shield(fut)
+        except BaseException:
+            slot.outstanding -= 1
+            # the client left while the sampler was built: free it once it exists
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result().free())
+            raise
         gen._stream = stream
         gen.prompt_tokens = len(prompt)
-        slot.outstanding += 1
         slot.stats.requests += 1
         slot.inbox.append(stream)
         self._worker.wake()
@@ -718,6 +755,9 @@ class Service:
             ticks = sorted(t for slot in self.slots.values() for t, _, _ in list(slot.stats._recent))
             speech["asr"]["jobs_overlapping_generation"] = sum(
                 1 for a, b in list(self.asr.pool.busy_intervals) if bisect.bisect_right(ticks, b) > bisect.bisect_left(ticks, a))
+        w = self._worker
+        summed["scheduler"] = {"alive": bool(w and w.is_alive()), "restarts": w.restarts if w else 0,
+                               "tick_errors": w.tick_errors if w else 0}
         return {"setup": self.setup_mode, "status": self.status, "version": VERSION,
                 "bench": {"state": self.bench_state["state"], "current": self.bench_state.get("current")},
                 "uptime_s": round(time.monotonic() - self.started, 1), "hardware": hardware_line(),

@@ -6,6 +6,9 @@ Everything in here runs on the scheduler thread, except the read-only snapshot m
 from __future__ import annotations
 
 import logging
+import math
+import os
+import stat
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -16,7 +19,7 @@ import numpy as np
 
 from engine.chat import ChatTemplate
 from engine import tools
-from engine.errors import ContextLengthExceeded, EngineError, ModelLoadError, UnsupportedByModel
+from engine.errors import ContextLengthExceeded, EngineError, InvalidRequest, ModelLoadError, UnsupportedByModel
 from engine.llama import BatchContext, EmbedContext, LlamaModel, SamplerChain, token_logprobs
 from engine.requests import SamplingParams
 from engine.scheduler import Scheduler, Stream, StreamState
@@ -26,6 +29,32 @@ from engine.threads import compute
 log = logging.getLogger("llamadesk.engine")
 
 TAIL_CHARS = 80  # how much recent text /v1/streams shows per stream
+MAX_TEMPLATE_BYTES = 1 << 20  # a chat template file is Jinja text; the largest real ones are ~20 KB
+
+
+def read_chat_template(path: str) -> str:
+    """The text of a chat template file: a regular UTF-8 file of at most 1 MB (ModelLoadError otherwise,
+    so /dev/zero or a binary file is refused before anything is read into memory)."""
+    p = Path(path).expanduser()
+    shown = path if len(path) <= 300 else path[:300] + "…"
+    try:
+        with open(p, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ModelLoadError(f"chat_template {shown} is not a regular file")
+            if st.st_size > MAX_TEMPLATE_BYTES:
+                raise ModelLoadError(f"chat_template {shown} is {st.st_size} bytes; a template may have at most "
+                                     f"{MAX_TEMPLATE_BYTES} bytes")
+            data = f.read(MAX_TEMPLATE_BYTES + 1)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot read chat_template {shown}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ModelLoadError(f"chat_template {shown} is not UTF-8 text (a Jinja template file)") from None
+    if "\x00" in text:
+        raise ModelLoadError(f"chat_template {shown} is a binary file, not a Jinja template")
+    return text
 
 
 class Outbox:
@@ -157,12 +186,7 @@ class Slot:
         self.state = "loading"
         self.embedding_only = self.model.is_embedding_model
         self.ctx = min(settings.ctx, self.model.n_ctx_train) if self.model.n_ctx_train > 0 else settings.ctx
-        source = self.model.chat_template
-        if settings.chat_template:
-            try:
-                source = Path(settings.chat_template).expanduser().read_text(encoding="utf-8")
-            except OSError as e:
-                raise ModelLoadError(f"cannot read chat_template {settings.chat_template}: {e.strerror}") from None
+        source = read_chat_template(settings.chat_template) if settings.chat_template else self.model.chat_template
         self.template = ChatTemplate(source, self.model.token_text(self.model.bos_id),
                                      self.model.token_text(self.model.eos_id))
         self.tool_format = settings.tool_format or tools.detect_format(self.template.source)
@@ -184,17 +208,14 @@ class Slot:
     # ---- the tick (scheduler thread) -------------------------------------------------------
 
     def step(self, out: Outbox) -> bool:
-        """Run one tick: admit, plan, decode once, sample. Returns False when there was nothing to do."""
+        """Run one tick: admit, plan, decode once, sample. Returns False when there was nothing to do.
+
+        A failure that concerns one stream (its sampler, its detokenizer) ends that stream alone; a failed
+        decode ends the streams of that batch; anything else propagates to the worker, which ends every
+        stream of this slot (fail_all) and keeps ticking."""
         sched = self.scheduler
         while self.inbox:
-            s = self.inbox.popleft()
-            try:
-                self.build_sampler(s)
-            except EngineError as e:  # e.g. a grammar llama.cpp refuses
-                sched.add(s)
-                self._end(s, "error", out, error=e)
-                continue
-            sched.add(s)
+            sched.add(self.inbox.popleft())
         for s in [*sched.waiting, *sched.running]:
             if s.cancelled:
                 self._end(s, "cancelled", out)
@@ -233,9 +254,7 @@ class Slot:
         except RuntimeError as e:
             log.error("%s: %s", self.id, e)
             for s in [*step.decode, *(p for p, _ in step.prefill)]:
-                bctx.clear_seq(s.seq)
-                sched.forget(s.seq)
-                self._end(s, "error", out, error=EngineError(f"decode failed: {e}"))
+                self._fail(s, out, EngineError(f"decode failed: {e}"))
             return True
         finally:
             compute.end_decode()
@@ -243,13 +262,43 @@ class Slot:
         self.stats.on_decode(step.streams, len(to_sample), sum(n for _, n in step.prefill))
         now = time.monotonic()
         for s, r in to_sample:
-            tok = s.job.sampler.sample(bctx, r)
-            if s.state is StreamState.PREFILL:
-                sched.start_decoding(s)
-                s.job.first_token_at = now
-                self.stats.ttft_ms.append((now - s.job.submitted) * 1000.0)
-            self._on_token(s, tok, out, r)
+            try:
+                tok = s.job.sampler.sample(bctx, r)
+                if s.state is StreamState.PREFILL:
+                    sched.start_decoding(s)
+                    s.job.first_token_at = now
+                    self.stats.ttft_ms.append((now - s.job.submitted) * 1000.0)
+                self._on_token(s, tok, out, r)
+            except Exception as e:  # this stream's sampler or text: the others go on
+                log.exception("%s: stream %s failed while sampling", self.id, s.id)
+                self._fail(s, out, EngineError(f"internal error while sampling: {type(e).__name__}"))
         return True
+
+    def _fail(self, s: Stream, out: Outbox, error: EngineError) -> None:
+        """End one stream with an error; its sequence's KV is dropped (it may hold half a step)."""
+        if s.state in (StreamState.PREFILL, StreamState.DECODE) and s.seq >= 0:
+            try:
+                self.bctx.clear_seq(s.seq)
+            except Exception:
+                log.exception("%s: could not clear sequence %d", self.id, s.seq)
+            self.scheduler.forget(s.seq)
+        self._end(s, "error", out, error=error)
+
+    def fail_all(self, out: Outbox, error: EngineError) -> int:
+        """End every live stream of this slot with error, whatever state each is in (the tick failed, so
+        none of them can be trusted to continue); returns how many. Never raises."""
+        streams = self.live_streams()
+        self.inbox.clear()
+        for s in streams:
+            if s.state is StreamState.DONE:
+                continue
+            try:
+                self._fail(s, out, error)
+            except Exception:  # _end itself failed: still tell the caller, and free the stream's place
+                log.exception("%s: could not end stream %s cleanly", self.id, s.id)
+                self.scheduler.finish(s)
+                out.add(s.job.sink, ("error", error), urgent=True)
+        return len(streams)
 
     def _on_token(self, s: Stream, tok: int, out: Outbox, row: int) -> None:
         job = s.job
@@ -278,14 +327,16 @@ class Slot:
         lp, best = token_logprobs(self.bctx.logits(row), tok, top)
 
         def one(t: int, p: float, b: bytes) -> dict[str, Any]:
-            return {"token": b.decode("utf-8", "replace"), "logprob": p, "bytes": list(b)}
+            # JSON has no NaN or infinity (a model with broken weights gives both): OpenAI's floor instead
+            return {"token": b.decode("utf-8", "replace"), "logprob": p if math.isfinite(p) else -9999.0,
+                    "bytes": list(b)}
         entry = one(tok, lp, piece)
         entry["top_logprobs"] = [one(t, p, self.model.piece(t, special)) for t, p in best]
         return entry
 
     def _end(self, s: Stream, reason: str, out: Outbox, flush: bool = True, error: EngineError | None = None) -> None:
         job = s.job
-        if flush and reason != "cancelled":
+        if flush and reason not in ("cancelled", "error"):
             rest, _ = job.stops.push(job.utf8.flush())
             rest += job.stops.flush()
             if rest:
@@ -325,14 +376,22 @@ class Slot:
                   render_special=render_special)
         return Stream(id=stream_id, prompt=prompt, job=job)
 
-    def build_sampler(self, stream: Stream) -> None:
-        """Create the stream's native sampler chain (scheduler thread)."""
-        sp = stream.job.sampling
+    def check_sampling(self, sp: SamplingParams) -> None:
+        """400s for sampling settings this model cannot take (before the request is admitted)."""
+        bad = [t for t in sp.logit_bias if not 0 <= t < self.model.n_vocab]
+        if bad:
+            raise InvalidRequest(f"'logit_bias' names token id {bad[0]}, outside the vocabulary of model "
+                                 f"'{self.id}' (0..{self.model.n_vocab - 1})", "logit_bias")
+
+    def new_sampler(self, sp: SamplingParams) -> SamplerChain:
+        """The request's native sampler chain (InvalidRequest for a grammar llama.cpp refuses). Built off the
+        scheduler thread, before admission: it reads only the vocabulary."""
+        self.check_sampling(sp)
         bias = dict(sp.logit_bias)
         if sp.ignore_eos:
             bias.update({t: -float("inf") for t in self.model.eog_ids})
         seed = sp.seed if sp.seed is not None else int.from_bytes(np.random.bytes(4), "little")
-        stream.job.sampler = SamplerChain(
+        return SamplerChain(
             self.model, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p,
             repeat_penalty=sp.repeat_penalty, presence_penalty=sp.presence_penalty,
             frequency_penalty=sp.frequency_penalty, penalty_last_n=sp.penalty_last_n, seed=seed, logit_bias=bias,
@@ -376,7 +435,8 @@ class Slot:
         tok_s = 0.0
         if job.first_token_at is not None and len(s.generated) > 1:
             tok_s = (len(s.generated) - 1) / max(now - job.first_token_at, 1e-6)
-        info = {"id": s.id, "model": self.id, "state": s.state.value, "prompt_tokens": len(s.prompt),
+        state = "queued" if s.state is StreamState.INBOX else s.state.value  # the thread has not taken it yet
+        info = {"id": s.id, "model": self.id, "state": state, "prompt_tokens": len(s.prompt),
                 "prompt_done": min(s.num_cached_tokens, len(s.prompt)), "gen_tokens": len(s.generated),
                 "max_tokens": job.max_tokens, "tok_s": round(tok_s, 2), "tail": job.tail,
                 "seq": s.seq if s.seq >= 0 else None}
@@ -398,7 +458,7 @@ class Slot:
             "max_streams_per_decode": st.max_streams_per_decode,
             "prefix_cache_hits": st.prefix_cache_hits, "prefix_cache_reused_tokens": st.prefix_cache_reused_tokens,
             "active_streams": sum(1 for s in live if s.state in (StreamState.PREFILL, StreamState.DECODE)),
-            "queued_streams": sum(1 for s in live if s.state is StreamState.QUEUED),
+            "queued_streams": sum(1 for s in live if s.state in (StreamState.INBOX, StreamState.QUEUED)),
             "rejected_requests": st.rejected_requests, "requests": st.requests,
             "embedding_inputs": st.embedding_inputs, "embedding_decodes": st.embedding_decodes,
             "ttft_ms": st.ttft(), "gen_tok_s": round(gen_rate, 2), "prefill_tok_s": round(prefill_rate, 2),

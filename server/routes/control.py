@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 from pathlib import Path
 
 from aiohttp import web
 
-from engine.config import OPTIONS, ConfigError, ModelEntry, save_authoritative
+from engine.config import NETWORK_KEYS, OPTIONS, ConfigError, ModelEntry, save_authoritative
 from engine.errors import EngineStopped as ServiceUnavailable
-from engine.errors import InvalidRequest
+from engine.errors import Forbidden, InvalidRequest
 from engine.service import VERSION
 from server.access import loopback_only
-from server.keys import LIFECYCLE, SERVICE
+from server.keys import CONFIG, LIFECYCLE, SERVICE
 from server.schemas import Fields, read_json
 
 routes = web.RouteTableDef()
@@ -161,11 +160,20 @@ async def post_config(request: web.Request) -> web.Response:
             parsed[key] = None if raw is None else opt.parse(raw, "request")
         except ConfigError as e:
             raise InvalidRequest(str(e), key) from None
+    exposure = sorted(set(parsed) & set(NETWORK_KEYS))
+    if exposure and not request.app[CONFIG].api_key:
+        # the key check already passed when a key is set; without one, any caller could be a web page
+        log.warning("refused a config change of %s over HTTP (no API key set; origin %s)", ", ".join(exposure),
+                    request.headers.get("Origin", "-"))
+        raise Forbidden(f"{', '.join(exposure)} cannot be changed over HTTP unless the server has an API key; "
+                        "change them in the app's Settings, on the command line or in the config file", exposure[0])
     cfg = request.app[SERVICE].config
     if save:
         if cfg.path is None:
             raise InvalidRequest("this server runs without a config file to save to", "save")
         await asyncio.to_thread(save_authoritative, cfg.path, parsed, cfg.models)
+        log.warning("config saved to %s over HTTP: %s (origin %s)", cfg.path, ", ".join(sorted(parsed)) or "nothing",
+                    request.headers.get("Origin", "-"))
     return web.json_response({"valid": True, "saved": bool(save), "values": parsed,
                               "path": str(cfg.path) if cfg.path else None})
 
@@ -180,8 +188,7 @@ async def bench_state(request: web.Request) -> web.Response:
 @loopback_only
 async def bench_start(request: web.Request) -> web.Response:
     """Start the benchmark ({"model"?}); GET /bench follows it."""
-    raw = await request.read()
-    f = Fields(json.loads(raw) if raw.strip() else {}, "bench")
+    f = Fields(await read_json(request, empty_ok=True), "bench")
     model = f.get("model", str)
     f.log_ignored()
     svc = request.app[SERVICE]

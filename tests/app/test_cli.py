@@ -126,3 +126,42 @@ def test_restart_applies_the_saved_config_in_process_and_shutdown_exits(tmp_path
             assert proc.wait(30) == 0
         finally:
             proc.kill()
+
+
+def test_serving_beyond_loopback_without_a_key_exits_2_before_loading(tmp_path, assets):
+    with launch(tmp_path, "--model", str(assets["tiny"]), "--host", "0.0.0.0") as proc:
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "without an API key" in err and "--insecure-no-key" in err and "--api-key" in err
+    assert "Traceback" not in err and "loading" not in err
+
+
+@pytest.mark.parametrize("flags", [["--insecure-no-key"], ["--api-key", "k"]])
+def test_serving_beyond_loopback_with_a_key_or_the_opt_out(tmp_path, assets, flags):
+    with launch(tmp_path, "--model", str(assets["tiny"]), "--host", "0.0.0.0", *flags) as proc:
+        try:
+            seen = []
+            for line in proc.stderr:
+                seen.append(line)
+                if m := re.search(r"serving the OpenAI API on (http://\S+)/v1", line):
+                    break
+            url = m.group(1).replace("0.0.0.0", "127.0.0.1")
+            assert request(url + "/health")[1]["status"] == "ok"  # open without the key
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+            warned = [ln for ln in seen if "WITHOUT an API key" in ln]
+            assert len(warned) == (flags == ["--insecure-no-key"]), seen
+        finally:
+            proc.kill()
+
+
+def test_restart_then_shutdown_back_to_back_exits_cleanly(tmp_path, assets):
+    with launch(tmp_path, "--model", str(assets["tiny"])) as proc:
+        try:
+            url = wait_for_url(proc)
+            assert request(url + "/restart", "POST", {})[0] == 202
+            assert request(url + "/shutdown", "POST", {})[0] == 202
+            assert proc.wait(60) == 0
+            assert "Traceback" not in proc.stderr.read()
+        finally:
+            proc.kill()

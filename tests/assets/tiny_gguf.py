@@ -34,8 +34,8 @@ def _byte_symbols() -> list[str]:
 
 
 def write(out: Path, layers: int = 2, dim: int = 64, heads: int = 4, kv_heads: int = 2, ff: int = 128,
-          ctx: int = 8192, seed: int = 0) -> None:
-    """Write the tiny model to out."""
+          ctx: int = 8192, seed: int = 0, nan_output: bool = False) -> None:
+    """Write the tiny model to out; nan_output: an output projection of NaNs (a broken model's logits)."""
     tokens = SPECIALS + _byte_symbols() + [m.replace(" ", "") for m in MERGES]
     types = [gguf.TokenType.CONTROL] * len(SPECIALS) + [gguf.TokenType.NORMAL] * (len(tokens) - len(SPECIALS))
     rng = np.random.default_rng(seed)
@@ -81,7 +81,10 @@ def write(out: Path, layers: int = 2, dim: int = 64, heads: int = 4, kv_heads: i
         w.add_tensor(p + "ffn_up.weight", rnd(ff, dim))
         w.add_tensor(p + "ffn_down.weight", rnd(dim, ff))
     w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
-    w.add_tensor("output.weight", rnd(len(tokens), dim))
+    output = rnd(len(tokens), dim)
+    if nan_output:
+        output[:] = np.nan
+    w.add_tensor("output.weight", output)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -50,6 +50,7 @@ def test_readme_documents_every_flag():
 
 
 def test_cors_allowlist(assets, tmp_path):
+    import urllib.error
     import urllib.request
     srv = LiveServer(["--model", str(assets["tiny"]), "--cors-origins", "http://app.example, http://b.example",
                       "--api-key", "k"], "", tmp_path)
@@ -66,7 +67,9 @@ def test_cors_allowlist(assets, tmp_path):
             assert r.headers["Access-Control-Allow-Origin"] == "http://b.example"
         other = urllib.request.Request(srv.url + "/health", headers={"Origin": "http://evil.example",
                                                                      "Authorization": "Bearer k"})
-        with urllib.request.urlopen(other) as r:
-            assert "Access-Control-Allow-Origin" not in r.headers
+        with pytest.raises(urllib.error.HTTPError) as refused:  # any other web page: refused before any work
+            urllib.request.urlopen(other)
+        assert refused.value.code == 403 and "Access-Control-Allow-Origin" not in refused.value.headers
+        refused.value.close()
     finally:
         srv.stop()
