@@ -100,6 +100,7 @@ class Host:
     async def reload(self, config: Config, drain_s: float = 0.0) -> None:
         """Apply a new configuration in process: stop everything, start again (no process restart).
         A port of 0 ("any free port") keeps the port already bound, so clients find the server again."""
+        check_exposure(config)  # a configuration that may not serve leaves the running one up
         async with self._lock:
             if self.closing:
                 log.info("not reloading: the server is shutting down")

@@ -92,9 +92,10 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
             message = e.text or e.reason
         log.warning("%s %s -> %d: %s", request.method, request.path, e.status, message)
         return json_error(e.status, message, type_, None, code)
-    except (ConnectionResetError, OSError) as e:
+    except ConnectionError as e:  # the client went away mid-response: nothing to tell it, nothing to trace
         log.info("%s %s: client went away (%s)", request.method, request.path, e)
-        raise
+        # aiohttp's writing this one fails quietly too; 499 is what the access log shows (nginx's "client closed")
+        return web.Response(status=499, reason="Client Closed Request")
     except Exception:
         log.exception("%s %s failed", request.method, request.path)
         return json_error(500, "internal server error (logged)", "server_error")

@@ -68,6 +68,7 @@ async def shoot(desktop: Desktop, out: Path) -> None:
     first = models.cards.itemAt(0).widget()
     if hasattr(first, "settings_button"):
         first.settings_button.setChecked(True)  # show the per-model settings form
+    w.panels["Settings"].network.setChecked(True)  # show the local-network switch with its generated key
     for name in PANELS:
         w.show_panel(name)
         await asyncio.sleep(0.3)

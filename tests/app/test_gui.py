@@ -155,6 +155,23 @@ def test_settings_apply_reloads_in_process(gui):
     assert panel.fields["streams"][2].text() == "toml"
 
 
+def test_settings_serve_on_the_local_network_makes_a_key_to_copy(gui):
+    from PySide6.QtGui import QGuiApplication
+    panel = gui.window.panels["Settings"]
+    panel.refresh()
+    assert not panel.network.isChecked() and not panel.copy_key.isVisibleTo(panel)
+    panel.network.setChecked(True)
+    values = panel.values()
+    assert values["host"] == "0.0.0.0" and len(values["api_key"]) >= 24
+    assert panel.copy_key.isVisibleTo(panel) and values["api_key"] in panel.key_line.text()
+    panel.copy_key.click()
+    assert QGuiApplication.clipboard().text() == values["api_key"]
+    panel.network.setChecked(False)
+    assert panel.values()["host"] == "127.0.0.1" and not panel.copy_key.isVisibleTo(panel)
+    panel.refresh()  # back to the running configuration
+    assert panel.values()["api_key"] is None
+
+
 def test_tray_actions(gui):
     tray = gui.tray
     assert [a.text() for a in tray.menu.actions() if a.text()] == ["Open window", "Copy API URL", "Pause serving",

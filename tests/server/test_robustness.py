@@ -4,6 +4,8 @@ scheduler thread, a leaked slot or a 500."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import struct
 import json
 import threading
 import time
@@ -278,3 +280,27 @@ def test_bench_with_a_body_that_is_no_object_is_a_400(server, body):
     assert e.value.code == 400 and json.loads(e.value.read())["error"]["type"] == "invalid_request_error"
     e.value.close()
     assert server.get("/bench")["state"] in ("idle", "done")
+
+
+def test_clients_that_vanish_mid_request_leave_no_error_and_no_stream(server, caplog):
+    """Abrupt disconnects (FIN or RST) at random moments of buffered and streamed replies: once 15 of 1,407
+    logged 'Cannot write to closing transport' tracebacks at ERROR."""
+    import random
+    import socket
+    from urllib.parse import urlsplit
+    u = urlsplit(server.url)
+    rnd = random.Random(1)
+    with caplog.at_level(logging.INFO):
+        for _ in range(150):
+            body = json.dumps({"messages": MESSAGES, "max_tokens": rnd.choice([5, 50, 300]), "ignore_eos": True,
+                               "stream": rnd.random() < 0.7}).encode()
+            s = socket.create_connection((u.hostname, u.port))
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + u.netloc.encode() +
+                      b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(rnd.choice([0, 0.001, 0.005, 0.02, 0.05]))
+            if rnd.random() < 0.5:  # RST instead of FIN
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+        _idle(server)
+    errors = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors[:5]

@@ -1,10 +1,14 @@
 """Settings: the effective config as a form generated from the schema, each key with its source."""
 from __future__ import annotations
 
+import secrets
+
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPushButton,
                                QScrollArea, QSpinBox, QVBoxLayout, QWidget)
 
 from engine.config import SCHEMA, ConfigError, Option, load
+from server.access import is_loopback_bind
 
 
 class SettingsPanel(QWidget):
@@ -30,6 +34,19 @@ class SettingsPanel(QWidget):
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
         scroll.setWidget(form_host)
+        # Serving beyond loopback needs an API key: the switch makes one and shows it to copy.
+        self.network = QCheckBox("Serve on the local network (other machines connect with an API key)")
+        self.network.setToolTip("Binds 0.0.0.0 instead of 127.0.0.1. Every request then needs "
+                                "'Authorization: Bearer <key>'; /health stays open.")
+        self.network.toggled.connect(self.on_network_toggled)
+        self.key_line = QLabel()
+        self.key_line.setTextInteractionFlags(self.key_line.textInteractionFlags().TextSelectableByMouse)
+        self.copy_key = QPushButton("Copy key")
+        self.copy_key.clicked.connect(self.on_copy_key)
+        network_row = QHBoxLayout()
+        network_row.addWidget(self.network)
+        network_row.addWidget(self.key_line, 1)
+        network_row.addWidget(self.copy_key)
         self.message = QLabel()
         self.message.setWordWrap(True)
         self.path = QLabel()
@@ -44,6 +61,7 @@ class SettingsPanel(QWidget):
         for b in (validate, save, self.apply_button):
             buttons.addWidget(b)
         layout = QVBoxLayout(self)
+        layout.addLayout(network_row)
         layout.addWidget(scroll, 1)
         layout.addWidget(self.message)
         layout.addLayout(buttons)
@@ -79,6 +97,32 @@ class SettingsPanel(QWidget):
             else:
                 w.setText("" if v is None else str(v))
             source.setText(cfg.sources[name])
+        self.network.blockSignals(True)
+        self.network.setChecked(not is_loopback_bind(cfg.host))
+        self.network.blockSignals(False)
+        self._show_key()
+
+    def on_network_toggled(self, on: bool) -> None:
+        """Bind every interface with a key (one is made when there is none), or loopback again."""
+        _, host, _ = self.fields["host"]
+        _, key, _ = self.fields["api_key"]
+        host.setText("0.0.0.0" if on else "127.0.0.1")
+        if on and not key.text().strip():
+            key.setText(secrets.token_urlsafe(24))
+        self._show_key()
+        self.message.setText("Save and apply to serve on the local network" if on else
+                             "Save and apply to serve on this machine only")
+
+    def _show_key(self) -> None:
+        _, key, _ = self.fields["api_key"]
+        shown = self.network.isChecked() and bool(key.text().strip())
+        self.key_line.setText(f"API key: {key.text().strip()}" if shown else "")
+        self.copy_key.setVisible(shown)
+
+    def on_copy_key(self) -> None:
+        _, key, _ = self.fields["api_key"]
+        QGuiApplication.clipboard().setText(key.text().strip())
+        self.message.setText("API key copied")
 
     def values(self) -> dict:
         """The form's values, parsed by the schema (raises ConfigError naming the key)."""
