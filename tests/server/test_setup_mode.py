@@ -10,7 +10,7 @@ import pytest
 
 from engine.config import load
 from tests.conftest import LiveServer
-from tests.fileserver import FileServer
+from tests.fileserver import FileServer, Faults
 from tests.http import call
 
 
@@ -45,6 +45,7 @@ size = 1000
 ''')
     srv = LiveServer(["--catalog-path", str(catalog), "--catalog-mirror", files.url,
                       "--models-dir", str(tmp_path / "models")], "# my settings\nport = 9\n", tmp_path)
+    srv.files = files
     yield srv
     srv.stop()
     files.close()
@@ -107,6 +108,15 @@ def test_catalog_errors(setup_server):
     assert call(srv, "POST", "/catalog/cancel", {"name": "tiny"})[1]["cancelled"] is False
     cat = srv.get("/catalog")
     assert cat["box"]["ram_bytes"] > 0 and cat["entries"][0]["local"]["state"] == "absent"
+
+
+def test_a_second_download_of_the_same_entry_is_a_409(setup_server):
+    srv = setup_server
+    srv.files.faults["tiny.gguf"] = Faults(throttle_bps=100_000)  # the first is still running
+    assert call(srv, "POST", "/catalog/download", {"name": "tiny"})[0] == 202
+    status, body = call(srv, "POST", "/catalog/download", {"name": "tiny"})
+    assert status == 409 and body["error"]["code"] == "conflict" and "tiny" in body["error"]["message"]
+    assert call(srv, "POST", "/catalog/cancel", {"name": "tiny"})[1]["cancelled"]
 
 
 def test_import_a_gguf_from_disk(setup_server, assets, tmp_path):
