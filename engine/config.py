@@ -96,7 +96,7 @@ SCHEMA: tuple[Option, ...] = (
     Option("catalog_path", str, None, "a catalog TOML to use instead of the one shipped with llamadesk"),
     Option("max_json_mb", int, 16, "largest JSON request body, in MB (413 beyond)", minimum=1),
     Option("max_upload_mb", int, 64, "largest audio upload, in MB (413 beyond)", minimum=1),
-    Option("max_audio_s", int, 7200, "longest audio a transcription decodes, in seconds (400 beyond; /vad takes 120)",
+    Option("max_audio_s", int, 7200, "longest audio a transcription decodes, in seconds (413 beyond; /vad takes 120)",
            minimum=1),
     Option("cors_origins", str, None, "comma-separated browser origins allowed to call the API (CORS); * for any"),
     Option("allowed_hosts", str, None, "comma-separated extra host names the server answers to (Host header; "

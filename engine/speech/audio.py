@@ -8,7 +8,7 @@ import wave
 import av
 import numpy as np
 
-from engine.errors import InvalidRequest
+from engine.errors import InvalidRequest, PayloadTooLarge
 
 ASR_RATE = 16000  # what speech recognition and voice activity detection take: 16 kHz mono
 # response_format -> (container, codec, content type, rate the codec requires or None)
@@ -26,30 +26,40 @@ class BadAudio(InvalidRequest):
     """The upload is not audio FFmpeg can decode, or holds no samples."""
 
 
-def decode(data: bytes, rate: int) -> np.ndarray:
-    """Mono float32 samples at `rate` from an encoded file (BadAudio when it is not usable audio)."""
+def decode(data: bytes, rate: int, max_s: float | None = None, bound: str = "the limit") -> np.ndarray:
+    """Mono float32 samples at `rate` from an encoded file (BadAudio when it is not usable audio). With max_s,
+    PayloadTooLarge as soon as more than max_s seconds are decoded: a file's size says nothing of its duration
+    (12 h of silence is 8 MB of FLAC), so memory is bounded by max_s x rate instead. `bound` names the limit in
+    the message ("the most /vad takes")."""
     if not data:
         raise BadAudio("the audio file is empty", "file")
+    most = None if max_s is None else int(max_s * rate)
+    chunks: list[np.ndarray] = []
+    total = 0
+
+    def keep(frames) -> None:
+        nonlocal total
+        for out in frames:
+            chunks.append(out.to_ndarray().reshape(-1))
+            total += chunks[-1].size
+            if most is not None and total > most:
+                raise PayloadTooLarge(f"the audio lasts more than {max_s:g} s, {bound}", "file")
     try:
         with av.open(io.BytesIO(data), mode="r") as container:
             streams = [s for s in container.streams if s.type == "audio"]
             if not streams:
                 raise BadAudio("the file holds no audio stream", "file")
             resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
-            chunks = []
             for frame in container.decode(streams[0]):
-                for out in resampler.resample(frame):
-                    chunks.append(out.to_ndarray().reshape(-1))
-            for out in resampler.resample(None):
-                chunks.append(out.to_ndarray().reshape(-1))
-    except BadAudio:
+                keep(resampler.resample(frame))
+            keep(resampler.resample(None))
+    except (BadAudio, PayloadTooLarge):
         raise
     except (av.FFmpegError, ValueError, IndexError) as e:
         raise BadAudio(f"cannot decode the audio file: {e}", "file") from None
-    samples = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
-    if samples.size == 0:
+    if total == 0:
         raise BadAudio("the audio file holds no samples (zero length)", "file")
-    return samples
+    return np.concatenate(chunks).astype(np.float32, copy=False)
 
 
 def encode(samples: np.ndarray, rate: int, fmt: str) -> tuple[bytes, str]:

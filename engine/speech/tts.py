@@ -210,16 +210,22 @@ class TtsService:
         """A voice name (the model's own, or one of OpenAI's) or a speaker id (an int or digits) as a speaker id."""
         if voice is None or voice == "":
             return 0
-        if isinstance(voice, int) or voice.isdigit():
-            if int(voice) < len(self.model.voices):
-                return int(voice)
-            raise InvalidRequest(f"speaker id {voice} is out of range: this model has {len(self.model.voices)} "
-                                 f"voices (0-{len(self.model.voices) - 1})", "voice")
+        count = len(self.model.voices)
+        sid = None
+        if isinstance(voice, int):
+            sid = voice
+        elif voice.isascii() and voice.isdigit():  # ASCII only: "²".isdigit() holds, yet int("²") fails
+            sid = int(voice) if len(voice) < 10 else count  # longer is out of range (int() stops at 4300 digits)
+        if sid is not None:
+            if 0 <= sid < count:
+                return int(sid)
+            raise InvalidRequest(f"speaker id {_shown(str(voice))} is out of range: this model has {count} "
+                                 f"voices (0-{count - 1})", "voice")
         if voice in self.model.voices:
             return self.model.voices.index(voice)
         if voice in OPENAI_VOICES:
-            return OPENAI_VOICES.index(voice) % len(self.model.voices)
-        raise InvalidRequest(f"unknown voice {voice!r}; this model's voices: {', '.join(self.model.voices)} "
+            return OPENAI_VOICES.index(voice) % count
+        raise InvalidRequest(f"unknown voice {_shown(voice)!r}; this model's voices: {', '.join(self.model.voices)} "
                              f"(OpenAI's names map onto them)", "voice")
 
     @staticmethod
@@ -264,11 +270,21 @@ class TtsService:
         return samples, rate
 
 
+def _shown(text: str, most: int = 40) -> str:
+    """text cut short for an error message."""
+    return text if len(text) <= most else text[:most] + "…"
+
+
 def check_tts_input(text: Any, speed: Any) -> None:
     """400s for text and speed the API does not accept."""
     if not isinstance(text, str) or not text.strip():
         raise InvalidRequest("'input' must be a non-empty string", "input")
     if len(text) > MAX_TTS_CHARS:
         raise InvalidRequest(f"'input' is {len(text)} characters; the limit is {MAX_TTS_CHARS}", "input")
+    try:
+        text.encode("utf-8")  # the phonemizer and sherpa-onnx take UTF-8; a lone surrogate has none
+    except UnicodeEncodeError as e:
+        raise InvalidRequest(f"'input' holds a lone surrogate (U+{ord(text[e.start]):04X} at character {e.start}), "
+                             "which is not Unicode text", "input") from None
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.25 <= speed <= 4.0:
         raise InvalidRequest(f"'speed' must be a number between 0.25 and 4.0, got {speed!r}", "speed")

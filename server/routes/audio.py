@@ -8,15 +8,17 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.multipart import BadContentDispositionHeader, BadContentDispositionParam, BodyPartReader, MultipartReader
 
-from engine.errors import InvalidRequest, ModelNotFound
+from engine.errors import InvalidRequest, ModelNotFound, PayloadTooLarge, UnsupportedMediaType
 from engine.speech import audio
 from engine.speech.audio import ASR_RATE
 from engine.speech.tts import OPENAI_VOICES, check_tts_input
 from engine.speech.subtitles import subtitles
 from server import sse
 from server.errors import MAX_UPLOAD_KEY
-from server.keys import SERVICE
+from server.keys import CONFIG, SERVICE
 from server.schemas import Fields, read_json
 
 routes = web.RouteTableDef()
@@ -29,29 +31,94 @@ LANGUAGES = {"en": "english"}
 
 
 async def read_form(request: web.Request) -> tuple[dict[str, Any], bytes | None]:
-    """Text fields and the uploaded file of a multipart request (413 over the upload limit)."""
-    if not request.content_type.startswith("multipart/"):
-        raise InvalidRequest("send the audio as multipart/form-data with a 'file' field", "file")
+    """Text fields and the uploaded file of a multipart/form-data request: 413 over the upload limit (declared
+    or counted as the body arrives), 415 for another media type, 400 for a body that is no well-formed form."""
     limit = request.app[MAX_UPLOAD_KEY]
+    if request.content_length is not None and request.content_length > limit:  # refused before a byte is read
+        raise PayloadTooLarge(f"the request declares {request.content_length} bytes; uploads take at most "
+                              f"{limit // 2**20} MB (--max-upload-mb)", "file")
+    if request.content_type != "multipart/form-data":
+        got = request.headers.get("Content-Type")
+        raise UnsupportedMediaType("send the audio as multipart/form-data with a 'file' field "
+                                   + (f"(got {got!r})" if got else "(the request had no Content-Type)"), "file")
+    try:
+        reader = await request.multipart()
+    except ValueError as e:  # no boundary, or one over 70 characters
+        raise _malformed(e) from None
     fields: dict[str, Any] = {}
     data = None
-    reader = await request.multipart()
-    async for part in reader:
-        if part.name == "file":
-            chunks, size = [], 0
-            while chunk := await part.read_chunk(1 << 20):
-                size += len(chunk)
-                if size > limit:
-                    raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=size)
-                chunks.append(chunk)
+    size = 0
+    while (part := await _next_part(reader)) is not None:
+        chunks = []
+        while chunk := await _read_chunk(part):
+            size += len(chunk)  # every part counts: a text field can be as large as a file
+            if size > limit:
+                raise PayloadTooLarge(f"the upload is larger than {limit // 2**20} MB (--max-upload-mb)", "file")
+            chunks.append(chunk)
+        name = _part_name(part)  # after the part is read: a body cut short in its headers says so
+        if name == "file":
             data = b"".join(chunks)
-        elif part.name:
-            value = await part.text()
-            if part.name.endswith("[]"):
-                fields.setdefault(part.name[:-2], []).append(value)
-            else:
-                fields[part.name] = value
+            continue
+        try:
+            value = b"".join(chunks).decode(part.get_charset("utf-8"))
+        except (UnicodeDecodeError, LookupError) as e:
+            raise InvalidRequest(f"form field {name!r} is not text in its charset: {e}", name) from None
+        if name.endswith("[]"):
+            fields.setdefault(name[:-2], []).append(value)
+        else:
+            fields[name] = value
     return fields, data
+
+
+# What aiohttp's multipart reader raises for a body that is no well-formed multipart (a connection that drops
+# raises ConnectionResetError instead: no one is left to answer): ValueError for a missing, wrong or truncated
+# boundary and a body that ends early; BadHttpMessage for part headers that are no headers (no colon, a line
+# over 8190 bytes, more than 128 of them) and a chunked body whose chunks are broken.
+_MALFORMED = (ValueError, BadHttpMessage)
+# aiohttp warns of a Content-Disposition it cannot parse and reads no name from it; the warnings are raised
+# only where warnings are errors (the tests), and mean the same then
+_BAD_DISPOSITION = (BadContentDispositionHeader, BadContentDispositionParam)
+_NO_NAME = ("malformed multipart/form-data: every part needs a 'Content-Disposition: form-data; name=\"...\"' "
+            "header (the audio goes in the part named 'file')")
+
+
+def _malformed(e: Exception) -> InvalidRequest:
+    """The 400 for a body aiohttp cannot read as multipart, with its reason."""
+    reason = e.message if isinstance(e, BadHttpMessage) else str(e)  # BadHttpMessage's str() prefixes "400, message:"
+    return InvalidRequest(f"malformed multipart/form-data: {reason}", "file")
+
+
+async def _next_part(reader: MultipartReader) -> BodyPartReader | None:
+    """The next part of the form (None after the last), refusing nested multipart parts."""
+    try:
+        part = await reader.next()
+    except (*_MALFORMED, RuntimeError) as e:  # RuntimeError: a _charset_ part longer than any charset name
+        raise _malformed(e) from None
+    except _BAD_DISPOSITION:
+        raise InvalidRequest(_NO_NAME, "file") from None
+    if isinstance(part, MultipartReader):
+        raise InvalidRequest("malformed multipart/form-data: a part is itself multipart; send the audio as one "
+                             "'file' part", "file")
+    return part
+
+
+async def _read_chunk(part: BodyPartReader) -> bytes:
+    """The next bytes of a part, as sent (no Content-Transfer-Encoding applied: RFC 7578 deprecates it)."""
+    try:
+        return await part.read_chunk(1 << 20)
+    except _MALFORMED as e:
+        raise _malformed(e) from None
+
+
+def _part_name(part: BodyPartReader) -> str:
+    """The form field a part carries (RFC 7578: every part names one in its Content-Disposition)."""
+    try:
+        name = part.name
+    except _BAD_DISPOSITION:
+        name = None
+    if not name:
+        raise InvalidRequest(_NO_NAME, "file")
+    return name
 
 
 def _asr(request: web.Request, model: str | None):
@@ -77,7 +144,8 @@ async def _transcribe(request: web.Request, task: str) -> web.Response:
         raise InvalidRequest(f"'stream' must be true or false, got {fields['stream']!r}", "stream")
     Fields(fields, f"audio.{task}").use("model", "response_format", "language", "timestamp_granularities",
                                         "prompt", "temperature", "stream").log_ignored()
-    samples = await asyncio.to_thread(audio.decode, data, ASR_RATE)  # FFmpeg work stays off the loop
+    samples = await asyncio.to_thread(audio.decode, data, ASR_RATE, request.app[CONFIG].max_audio_s,
+                                      "the most a transcription decodes (--max-audio-s)")  # FFmpeg: off the loop
     if stream == "true":
         return await _transcript_events(request, svc, samples, language, task)
     result = await svc.transcribe(samples, language, task, segments=fmt in ("verbose_json", "srt", "vtt"))
@@ -204,10 +272,9 @@ async def vad(request: web.Request) -> web.Response:
     if data is None:
         raise InvalidRequest("'file' is required: the clip to scan for speech", "file")
     svc = request.app[SERVICE].speech("vad")
-    samples = await asyncio.to_thread(audio.decode, data, ASR_RATE)
+    samples = await asyncio.to_thread(audio.decode, data, ASR_RATE, MAX_VAD_S,
+                                      "the most /vad takes (longer audio: /v1/audio/transcriptions)")
     seconds = len(samples) / ASR_RATE
-    if seconds > MAX_VAD_S:
-        raise InvalidRequest(f"the clip is {seconds:.1f} s long; /vad takes at most {MAX_VAD_S:.0f} s", "file")
     spans = await svc.spans(samples)
     return web.json_response({"duration": round(seconds, 3),
                               "spans": [{"start": round(a, 3), "end": round(b, 3)} for a, b in spans]})
