@@ -15,6 +15,10 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# What the renderer itself passes to every template; a request's chat_template_kwargs may not replace them.
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "tool_choice", "functions", "function_call",
+                                "add_generation_prompt", "bos_token", "eos_token", "raise_exception", "strftime_now"})
+_FIXED = TEMPLATE_VARIABLES - {"tools", "tool_choice", "functions", "function_call"}  # render()'s kwargs may set those
 
 
 class ChatTemplate:
@@ -25,8 +29,12 @@ class ChatTemplate:
         self.bos = bos
         self._formatter = Jinja2ChatFormatter(self.source, eos_token=eos, bos_token=bos, add_generation_prompt=True)
 
-    def render(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
-        """The prompt text for messages (add_generation_prompt on)."""
+    def render(self, messages: list[dict[str, Any]], /, **kwargs: Any) -> str:
+        """The prompt text for messages (add_generation_prompt on); kwargs are more template variables."""
+        clash = sorted(kwargs.keys() & _FIXED)
+        if clash:
+            raise InvalidRequest(f"chat_template_kwargs may not set the template's own variables: {', '.join(clash)}",
+                                 "chat_template_kwargs")
         try:
             return self._formatter(messages=[_flatten(m) for m in messages], **kwargs).prompt
         except InvalidRequest:
@@ -41,10 +49,13 @@ def _flatten(msg: dict[str, Any]) -> dict[str, Any]:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if part.get("type") != "text":
-                raise InvalidRequest(f"content part type '{part.get('type')}' is not supported by this model",
-                                     "messages")
-            texts.append(part.get("text", ""))
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise InvalidRequest(f"content part type {kind!r} is not supported by this model", "messages")
+            text = part.get("text", "")
+            if not isinstance(text, str):
+                raise InvalidRequest("a text content part's 'text' must be a string", "messages")
+            texts.append(text)
         msg = {**msg, "content": "".join(texts)}
     elif content is None:
         msg = {**msg, "content": ""}

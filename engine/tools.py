@@ -374,7 +374,8 @@ def _functions(tools: list[dict]) -> list[dict]:
     fns = []
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
-        if t.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        if not isinstance(fn, dict) or t.get("type", "function") != "function" or not isinstance(fn.get("name"), str) \
+                or not fn["name"]:
             raise InvalidRequest(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", ...}}}}",
                                  "tools")
         params = fn.get("parameters") or {"type": "object", "properties": {}}
@@ -390,12 +391,54 @@ def _call_schema(fns: list[dict], args_key: str = "arguments") -> dict:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def schema_grammar(schema: dict, prefix: str = "", suffix: str = "") -> str:
-    """A GBNF grammar for JSON matching schema, optionally wrapped in literal text."""
+# The converter spells out every repetition a schema asks for (minLength 10**9 took 77 s and 5 GB on the
+# event loop) and llama.cpp refuses grammars with more than a few thousand repeats anyway.
+MAX_SCHEMA_REPEAT = 4096
+MAX_GRAMMAR_CHARS = 4 << 20
+_COUNT_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "minContains",
+                   "maxContains")
+_PATTERN_REPEAT = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def _schema_cost_problem(schema: Any) -> str | None:
+    """Why schema is too costly (or unsafe) to turn into a grammar, or None. Iterative: no recursion to exhaust."""
+    stack = [schema]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, list):
+            stack.extend(v)
+            continue
+        if not isinstance(v, dict):
+            continue
+        for key in _COUNT_KEYWORDS:
+            n = v.get(key)
+            if isinstance(n, (int, float)) and not isinstance(n, bool) and n > MAX_SCHEMA_REPEAT:
+                return f"'{key}' {n} is more than the {MAX_SCHEMA_REPEAT} a grammar can spell out"
+        pattern = v.get("pattern")
+        if isinstance(pattern, str):
+            for m in _PATTERN_REPEAT.finditer(pattern):
+                if any(g and (len(g) > 6 or int(g) > MAX_SCHEMA_REPEAT) for g in m.groups()):
+                    return f"the pattern repeats {m.group()}, more than the {MAX_SCHEMA_REPEAT} a grammar can spell out"
+        ref = v.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            return f"'$ref' {ref[:80]!r} is not a local reference ('#/...'); schemas are never fetched"
+        stack.extend(x for x in v.values() if isinstance(x, (dict, list)))
+    return None
+
+
+def schema_grammar(schema: dict, prefix: str = "", suffix: str = "", param: str = "response_format") -> str:
+    """A GBNF grammar for JSON matching schema, optionally wrapped in literal text; param: the request field
+    the schema came from (named by the InvalidRequest a bad schema raises)."""
+    problem = _schema_cost_problem(schema)
+    if problem:
+        raise InvalidRequest(f"cannot build a grammar from this JSON schema: {problem}", param)
     try:
         gbnf = json_schema_to_gbnf(json.dumps(schema))
     except Exception as e:  # the converter's own message names what it cannot do
-        raise InvalidRequest(f"cannot build a grammar from this JSON schema: {e}", "response_format") from None
+        raise InvalidRequest(f"cannot build a grammar from this JSON schema: {e}", param) from None
+    if len(gbnf) > MAX_GRAMMAR_CHARS:
+        raise InvalidRequest(f"this JSON schema makes a grammar of {len(gbnf)} characters, more than the "
+                             f"{MAX_GRAMMAR_CHARS} allowed", param)
     if not prefix and not suffix:
         return gbnf
     gbnf = re.sub(r"^root ::=", "payload ::=", gbnf, count=1, flags=re.M)
@@ -403,15 +446,30 @@ def schema_grammar(schema: dict, prefix: str = "", suffix: str = "") -> str:
 
 
 def _replay_as_text(messages: list[dict], result_text, calls_text) -> list[dict]:
-    """Tool results and assistant tool_calls turns rewritten as plain turns (templates without tool support)."""
+    """Tool results and assistant tool_calls turns rewritten as plain turns (templates without tool support);
+    calls_text gets each turn's calls as (name, arguments) pairs."""
     out: list[dict] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if m.get("role") == "tool":
             out.append({"role": "user", "content": result_text(m)})
         elif m.get("role") == "assistant" and m.get("tool_calls"):
-            out.append({"role": "assistant", "content": calls_text(m["tool_calls"])})
+            out.append({"role": "assistant", "content": calls_text(_replayed_calls(m["tool_calls"], i))})
         else:
             out.append(m)
+    return out
+
+
+def _replayed_calls(calls: Any, i: int) -> list[tuple[str, Any]]:
+    """(name, arguments) of a history turn's tool_calls; InvalidRequest naming the one that has no such shape."""
+    if not isinstance(calls, list):
+        raise InvalidRequest(f"messages[{i}].tool_calls must be an array", "messages")
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise InvalidRequest(f"messages[{i}].tool_calls[{j}].function.name must be a non-empty string",
+                                 "messages")
+        out.append((fn["name"], _args(fn.get("arguments"))))
     return out
 
 
@@ -434,9 +492,8 @@ def _generic_messages(messages: list[dict], fns: list[dict], choice: str) -> lis
     replayed = _replay_as_text(
         messages,
         lambda m: f"Tool result ({m.get('name') or m.get('tool_call_id', 'tool')}): {_text(m.get('content'))}",
-        lambda calls: json.dumps({"tool_calls": [{"name": c["function"]["name"],
-                                                   "arguments": _args(c["function"].get("arguments"))}
-                                                  for c in calls]}, ensure_ascii=False))
+        lambda calls: json.dumps({"tool_calls": [{"name": name, "arguments": args} for name, args in calls]},
+                                 ensure_ascii=False))
     return _with_spec(replayed, spec)
 
 
@@ -446,24 +503,29 @@ def _gemma_messages(messages: list[dict], fns: list[dict]) -> list[dict]:
             "Python call in a tool_code block, for example:\n```tool_code\nfunction_name(argument=\"value\")\n```"
             ) if fns else None
 
-    def code(calls: list[dict]) -> str:
-        lines = [f"{c['function']['name']}(" + ", ".join(
-            f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in (_args(c["function"].get("arguments")) or {}).items())
-            + ")" for c in calls]
+    def code(calls: list[tuple[str, Any]]) -> str:
+        lines = [f"{name}(" + _keyword_args(args) + ")" for name, args in calls]
         return "```tool_code\n" + "\n".join(lines) + "\n```"
     replayed = _replay_as_text(messages, lambda m: f"```tool_output\n{_text(m.get('content'))}\n```", code)
     return _with_spec(replayed, spec)
+
+
+def _keyword_args(args: Any) -> str:
+    """Call arguments as Python keywords; arguments that are no object (a model's broken JSON) as they came."""
+    if isinstance(args, dict):
+        return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items())
+    return "" if args is None else args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
 
 
 def _python_call_grammar(fns: list[dict]) -> str:
     """A tool_code block calling one of fns with keyword arguments valid for its schema (JSON literals)."""
     rules, alts = [], []
     for i, f in enumerate(fns):
-        g = schema_grammar({**f["parameters"], "type": "object"})
+        g = schema_grammar({**f["parameters"], "type": "object"}, param="tools")
         g = re.sub(r'^(\S+)-kv ::= "\\"([^"\\]+)\\"" space ":" space (.*)$', r'\1-kv ::= "\2=" \3', g, flags=re.M)
         g = re.sub(r'^root ::= "\{" space (.*)"\}" space$', r'root ::= "(" \1")"', g, flags=re.M)
         rules.append(_prefix_rules(g, f"f{i}-"))  # own names, so several functions share one grammar
-        alts.append(f'"{f["name"]}" f{i}-root')
+        alts.append(f'{json.dumps(f["name"])} f{i}-root')
     return "\n".join(rules) + '\nroot ::= "```tool_code\\n" (' + " | ".join(alts) + ') "\\n```"\n'
 
 
@@ -471,7 +533,7 @@ def _each_function_grammar(fns: list[dict], wrap) -> str:
     """One of fns' calls: wrap(f) gives the literal text before and after f's JSON arguments."""
     rules, alts = [], []
     for i, f in enumerate(fns):
-        rules.append(_prefix_rules(schema_grammar(f["parameters"]), f"f{i}-"))
+        rules.append(_prefix_rules(schema_grammar(f["parameters"], param="tools"), f"f{i}-"))
         before, after = wrap(f)
         alts.append(f"{json.dumps(before)} f{i}-root {json.dumps(after)}")
     return "\n".join(rules) + "\nroot ::= " + " | ".join(alts) + "\n"
@@ -491,7 +553,7 @@ def _prefix_rules(gbnf: str, prefix: str) -> str:
 
 def _text(content: Any) -> str:
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return content or ""
 
 
@@ -516,7 +578,8 @@ def plan_tools(fmt: str, messages: list[dict], tools: list[dict] | None, tool_ch
         return ToolPlan(messages=messages, fmt=fmt)
     fns = _functions(tools)
     if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name")
+        fn = tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
         chosen = [f for f in fns if f["name"] == name]
         if not chosen:
             raise InvalidRequest(f"tool_choice names function {name!r}, which is not in tools", "tool_choice")
@@ -535,7 +598,7 @@ def plan_tools(fmt: str, messages: list[dict], tools: list[dict] | None, tool_ch
     if fmt == "generic":
         calls = {"type": "object", "properties": {"tool_calls": call_list}, "required": ["tool_calls"]}
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
-        grammar = schema_grammar(calls if forced else {"anyOf": [calls, answer]})
+        grammar = schema_grammar(calls if forced else {"anyOf": [calls, answer]}, param="tools")
         return ToolPlan(_generic_messages(messages, fns, choice), grammar=grammar, fmt=fmt, tools_active=True)
     if fmt == "gemma":
         return ToolPlan(_gemma_messages(messages, fns), grammar=_python_call_grammar(constrained),
@@ -546,15 +609,15 @@ def plan_tools(fmt: str, messages: list[dict], tools: list[dict] | None, tool_ch
             f"<|channel|>commentary to=functions.{f['name']} <|constrain|>json<|message|>", "<|call|>"))
         triggers = [r"(<\|channel\|>commentary to=functions\.)"]
     elif fmt == "hermes":
-        grammar = schema_grammar(_call_schema(constrained), "<tool_call>\n", "\n</tool_call>")
+        grammar = schema_grammar(_call_schema(constrained), "<tool_call>\n", "\n</tool_call>", param="tools")
         if most > 1:  # parallel calls, one block each
             grammar = grammar.replace("\nroot ::= ", "\ncall ::= ") + f'root ::= call ("\\n" call){{0,{most - 1}}}\n'
         triggers = [r"(<tool_call>)"]
     elif fmt == "llama_json":
-        grammar = schema_grammar(_call_schema(constrained, "parameters"))
+        grammar = schema_grammar(_call_schema(constrained, "parameters"), param="tools")
         triggers = [r"^\s*(\{)[\s\S]*$"]
     elif fmt == "mistral":
-        grammar = schema_grammar(call_list, "[TOOL_CALLS]")
+        grammar = schema_grammar(call_list, "[TOOL_CALLS]", param="tools")
         triggers = [r"(\[TOOL_CALLS\])"]
     # required/forced: the grammar holds from the first token; auto: it starts at the call opener, so a
     # reply may be text, but a call the model starts always completes with arguments valid for its schema

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from engine.chat import ROLES
+from engine.chat import ROLES, TEMPLATE_VARIABLES
 from server.errors import MAX_BODY_KEY
 from engine.errors import InvalidRequest, UnsupportedMediaType
 from engine.requests import ChatRequest, CompletionRequest, SamplingParams
@@ -86,7 +88,8 @@ class Fields:
 
     def get(self, name: str, kinds: type | tuple[type, ...], default: Any = None, *, lo: float | None = None,
             hi: float | None = None, what: str | None = None) -> Any:
-        """body[name] checked against kinds and bounds; default when absent or null."""
+        """body[name] checked against kinds and bounds; default when absent or null. Numbers must be finite
+        (integers within 64 bits) and strings valid Unicode, nested ones included."""
         self.used.add(name)
         v = self.body.get(name)
         if v is None:
@@ -95,9 +98,14 @@ class Fields:
         is_bool = isinstance(v, bool)
         ok = any(isinstance(v, k) and (k is bool or not is_bool) for k in kinds)
         if float in kinds and isinstance(v, int) and not is_bool:
+            if abs(v) > _MAX_FLOAT_INT:  # float() of it would raise OverflowError
+                raise InvalidRequest(f"'{name}' is out of range: got an integer too large for a number", name)
             ok, v = True, float(v)
         if not ok:
             raise InvalidRequest(f"'{name}' must be {what or _kind_words(kinds)}, got {_json_type(v)}", name)
+        problem = _not_plain_json(v, name)
+        if problem:
+            raise InvalidRequest(problem, name)
         if lo is not None and v < lo or hi is not None and v > hi:
             rng = f"between {lo} and {hi}" if lo is not None and hi is not None else \
                 (f">= {lo}" if lo is not None else f"<= {hi}")
@@ -123,6 +131,68 @@ class Fields:
             if key not in _ignored_logged:
                 _ignored_logged.add(key)
                 log.warning("ignoring unsupported field '%s' in %s requests (logged once)", name, self.route)
+
+
+_MAX_FLOAT_INT = 10 ** 308  # integers beyond this overflow a float
+_INT64 = 2 ** 63
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _not_plain_json(value: Any, path: str) -> str | None:
+    """Why value (a field's value, nested parts included) cannot go on to the engine, or None: a lone
+    surrogate cannot be encoded as UTF-8 (so not tokenized), NaN and Infinity are no JSON numbers, and no
+    engine parameter takes an integer beyond 64 bits. Iterative; the depth is bounded by read_json."""
+    problem = _scalar_problem(value)
+    if problem:
+        return problem(path)
+    stack = [(value, path)] if isinstance(value, (list, dict)) else []
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, dict):
+            for k in v:
+                if _SURROGATE.search(k):
+                    return f"a key in '{p}' holds a lone surrogate ({_first_surrogate(k)}), which is not valid " \
+                           "Unicode text"
+            children = [(x, k, ".") for k, x in v.items()]
+        elif all(type(x) is int for x in v):  # token ids: checked by their extremes (a prompt may be 100k long)
+            if v and (min(v) < -_INT64 or max(v) >= _INT64):
+                i = next(i for i, x in enumerate(v) if not -_INT64 <= x < _INT64)
+                return f"'{p}[{i}]' is out of range: integers here must fit in 64 bits"
+            continue
+        else:
+            children = [(x, i, "[") for i, x in enumerate(v)]
+        nested = []
+        for x, key, sep in children:
+            if isinstance(x, (list, dict)):
+                nested.append((x, f"{p}.{key}" if sep == "." else f"{p}[{key}]"))
+            elif (problem := _scalar_problem(x)) is not None:
+                return problem(f"{p}.{key}" if sep == "." else f"{p}[{key}]")
+        stack.extend(reversed(nested))  # depth first, in document order
+    return None
+
+
+def _scalar_problem(v: Any):
+    """A function of the value's path giving why v is refused, or None."""
+    if isinstance(v, str):
+        if _SURROGATE.search(v):
+            return lambda p: f"'{p}' holds a lone surrogate ({_first_surrogate(v)}), which is not valid Unicode text"
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            return lambda p: f"'{p}' must be a finite number, got {v}"
+    elif isinstance(v, int) and not isinstance(v, bool) and not -_INT64 <= v < _INT64:
+        return lambda p: f"'{p}' is out of range: integers here must fit in 64 bits"
+    return None
+
+
+def _brief(v: Any) -> str:
+    """repr(v), cut short: error messages quote what they refuse, but never a whole body."""
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _first_surrogate(text: str) -> str:
+    m = _SURROGATE.search(text)
+    return f"\\u{ord(m.group()):04x} at character {m.start()}" if m else ""
 
 
 def _kind_words(kinds: tuple[type, ...]) -> str:
@@ -164,16 +234,18 @@ def _sampling(f: Fields) -> SamplingParams:
         try:
             tok = int(k)
         except ValueError:
-            raise InvalidRequest(f"'logit_bias' keys must be token ids, got {k!r}", "logit_bias") from None
+            tok = -1
+        if not 0 <= tok < 2**31:
+            raise InvalidRequest(f"'logit_bias' keys must be token ids, got {_brief(k)}", "logit_bias")
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
-            raise InvalidRequest(f"'logit_bias' values must be numbers between -100 and 100, got {v!r}",
+            raise InvalidRequest(f"'logit_bias' values must be numbers between -100 and 100, got {_brief(v)}",
                                  "logit_bias")
         bias[tok] = float(v)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=f.get("temperature", float, 1.0, lo=0, hi=2),
         top_p=f.get("top_p", float, 1.0, lo=0, hi=1),
-        top_k=f.get("top_k", int, 0, lo=0),
+        top_k=f.get("top_k", int, 0, lo=0, hi=2**31 - 1),
         min_p=f.get("min_p", float, 0.0, lo=0, hi=1),
         repeat_penalty=f.get("repeat_penalty", float, 1.0, lo=0.01, hi=10),
         presence_penalty=f.get("presence_penalty", float, 0.0, lo=-2, hi=2),
@@ -211,8 +283,94 @@ def _response_format(f: Fields) -> str | None:
             raise InvalidRequest("response_format json_schema needs {\"json_schema\": {\"name\", \"schema\": {...}}}",
                                  "response_format")
         return schema_grammar(schema)
-    raise InvalidRequest(f"response_format type must be text, json_object or json_schema, got {kind!r}",
+    raise InvalidRequest(f"response_format type must be text, json_object or json_schema, got {_brief(kind)}",
                          "response_format")
+
+
+_CALL_SHAPE = '{"id", "type": "function", "function": {"name", "arguments"}}'
+_TOOL_SHAPE = '{"type": "function", "function": {"name", "description"?, "parameters"?}}'
+_TOOL_CHOICES = ("none", "auto", "required")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's (plus '.'): it goes into grammars and call syntax
+
+
+def _check_messages(messages: list) -> None:
+    """Each message's role, content, name and tool_calls have the OpenAI shape (the engine relies on it)."""
+    for i, m in enumerate(messages):
+        at = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise InvalidRequest(f"{at} must be an object", "messages")
+        if m.get("role") not in ROLES:
+            raise InvalidRequest(f"{at}.role must be one of {', '.join(ROLES)}, got {_brief(m.get('role'))}",
+                                 "messages")
+        content = m.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise InvalidRequest(f"{at}.content must be a string or an array of parts", "messages")
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if not isinstance(part, dict):
+                raise InvalidRequest(f"{at}.content parts must be objects", "messages")
+            if not isinstance(part.get("type"), str):
+                raise InvalidRequest(f"{at}.content[{j}].type must be a string", "messages")
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise InvalidRequest(f"{at}.content[{j}].text must be a string", "messages")
+        for key in ("name", "tool_call_id"):
+            if m.get(key) is not None and not isinstance(m[key], str):
+                raise InvalidRequest(f"{at}.{key} must be a string", "messages")
+        calls = m.get("tool_calls")
+        if calls is None:
+            continue
+        if not isinstance(calls, list):
+            raise InvalidRequest(f"{at}.tool_calls must be an array of {_CALL_SHAPE}", "messages")
+        for j, c in enumerate(calls):
+            where = f"{at}.tool_calls[{j}]"
+            if not isinstance(c, dict):
+                raise InvalidRequest(f"{where} must be an object {_CALL_SHAPE}, got {_json_type(c)}", "messages")
+            if c.get("id") is not None and not isinstance(c["id"], str):
+                raise InvalidRequest(f"{where}.id must be a string", "messages")
+            if c.get("type", "function") != "function":
+                raise InvalidRequest(f"{where}.type must be 'function'", "messages")
+            fn = c.get("function")
+            if not isinstance(fn, dict):
+                raise InvalidRequest(f"{where}.function must be an object {{\"name\", \"arguments\"}}", "messages")
+            if not isinstance(fn.get("name"), str) or not fn["name"]:
+                raise InvalidRequest(f"{where}.function.name must be a non-empty string", "messages")
+            if fn.get("arguments") is not None and not isinstance(fn["arguments"], (str, dict)):
+                raise InvalidRequest(f"{where}.function.arguments must be a JSON string (or an object)", "messages")
+
+
+def _tools(f: Fields) -> list[dict] | None:
+    """The tools array, each a function with a usable name and a JSON schema for its parameters."""
+    tools = f.get("tools", list)
+    for i, t in enumerate(tools or []):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict):
+            raise InvalidRequest(f"{where} must be an object {_TOOL_SHAPE}, got {_json_type(t)}", "tools")
+        if t.get("type", "function") != "function":
+            raise InvalidRequest(f"{where}.type must be 'function', got {_brief(t.get('type'))}", "tools")
+        fn = t.get("function")
+        if not isinstance(fn, dict):
+            raise InvalidRequest(f"{where}.function must be an object {{\"name\", ...}}", "tools")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise InvalidRequest(f"{where}.function.name must be 1 to 64 letters, digits, '_', '-' or '.', got "
+                                 f"{_brief(name)}", "tools")
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise InvalidRequest(f"{where}.function.description must be a string", "tools")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise InvalidRequest(f"{where}.function.parameters must be a JSON schema object", "tools")
+    return tools
+
+
+def _tool_choice(f: Fields) -> str | dict | None:
+    """'none', 'auto', 'required' or {"type": "function", "function": {"name"}}."""
+    choice = f.get("tool_choice", (str, dict), what="'none', 'auto', 'required' or an object")
+    if choice is None or choice in _TOOL_CHOICES:
+        return choice
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"] \
+            and choice.get("type", "function") == "function":
+        return choice
+    raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", "
+                         "\"function\": {\"name\": ...}}", "tool_choice")
 
 
 def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
@@ -224,17 +382,7 @@ def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
         raise InvalidRequest("'messages' is required", "messages")
     if not messages:
         raise InvalidRequest("'messages' must not be empty", "messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object", "messages")
-        if m.get("role") not in ROLES:
-            raise InvalidRequest(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {m.get('role')!r}",
-                                 "messages")
-        content = m.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            raise InvalidRequest(f"messages[{i}].content must be a string or an array of parts", "messages")
-        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
-            raise InvalidRequest(f"messages[{i}].content parts must be objects", "messages")
+    _check_messages(messages)
     sampling = _sampling(f)
     opts = _stream_options(f)
     sampling.grammar = _response_format(f)
@@ -248,11 +396,15 @@ def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
     if truncation not in ("auto", "disabled"):
         raise InvalidRequest("'truncation' must be 'auto' or 'disabled'", "truncation")
     kwargs = dict(f.get("chat_template_kwargs", dict, {}))
+    taken = sorted(kwargs.keys() & TEMPLATE_VARIABLES)
+    if taken:
+        raise InvalidRequest(f"'chat_template_kwargs' may not set the chat template's own variables "
+                             f"({', '.join(taken)}); use the request's fields for them", "chat_template_kwargs")
     thinking = f.get("enable_thinking", bool)
     if thinking is not None:
         kwargs["enable_thinking"] = thinking
-    tools = f.get("tools", list)
-    tool_choice = f.get("tool_choice", (str, dict))
+    tools = _tools(f)
+    tool_choice = _tool_choice(f)
     f.log_ignored()
     return ChatRequest(model, messages, sampling, truncation, kwargs, tools=tools, tool_choice=tool_choice,
                        parallel_tool_calls=opts.parallel_tool_calls), opts

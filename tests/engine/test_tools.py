@@ -126,3 +126,97 @@ def test_reply_that_starts_inside_reasoning():
     p = OutputParser("generic", False, True, in_reasoning=True)
     events = p.feed("weighing it up</th") + p.feed("ink>\n\nParis.") + p.finish()
     assert [(e.kind, e.text) for e in events] == [("reasoning", "weighing it up"), ("content", "\n\nParis.")]
+
+
+@pytest.mark.parametrize("fmt", ["generic", "gemma"])
+@pytest.mark.parametrize("calls, where", [
+    ([1], r"messages\[1\]\.tool_calls\[0\]"), ("x", r"messages\[1\]\.tool_calls must"),
+    ([{"id": "1"}], r"messages\[1\]\.tool_calls\[0\]"), ([None], r"messages\[1\]\.tool_calls\[0\]"),
+    ([{"function": {}}], r"tool_calls\[0\]\.function\.name"), ([{"function": "f"}], r"tool_calls\[0\]"),
+    ([{"function": {"name": "a"}}, {"function": {"name": ""}}], r"messages\[1\]\.tool_calls\[1\]"),
+    ({"a": 1}, r"messages\[1\]\.tool_calls must"),
+])
+def test_replaying_malformed_tool_calls_names_the_call(fmt, calls, where):
+    """The engine's own check behind the request schema's (was KeyError: 'function', a 500)."""
+    from engine.errors import InvalidRequest
+    history = [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": calls}]
+    for tools in (None, [{"type": "function", "function": {"name": "f"}}]):
+        with pytest.raises(InvalidRequest, match=where) as e:
+            plan_tools(fmt, history, tools, "auto")
+        assert e.value.param == "messages"
+
+
+def test_replayed_arguments_that_are_no_object_stay_text():
+    history = [{"role": "user", "content": "q"},
+               {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "not json"}},
+                                                    {"function": {"name": "g", "arguments": "[1, 2]"}},
+                                                    {"function": {"name": "h"}}]},
+               {"role": "tool", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "ok"}]}]
+    gemma = plan_tools("gemma", history, None, None).messages
+    assert gemma[1]["content"] == "```tool_code\nf(not json)\ng([1, 2])\nh()\n```"
+    assert gemma[2]["content"] == "```tool_output\nok\n```"
+    generic = plan_tools("generic", history, None, None).messages
+    assert json.loads(generic[1]["content"]) == {"tool_calls": [{"name": "f", "arguments": "not json"},
+                                                                {"name": "g", "arguments": [1, 2]},
+                                                                {"name": "h", "arguments": None}]}
+
+
+@pytest.mark.parametrize("tools", [["x"], [1], [None], [{"type": "function", "function": "f"}],
+                                   [{"type": "function", "function": {"name": ""}}]])
+def test_plan_rejects_tools_that_are_no_function_objects(tools):
+    from engine.errors import InvalidRequest
+    with pytest.raises(InvalidRequest, match=r"tools\[0\]") as e:
+        plan_tools("hermes", [{"role": "user", "content": "q"}], tools, "auto")
+    assert e.value.param == "tools"
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": "f"}, {"function": None}, {}])
+def test_plan_rejects_a_tool_choice_without_a_function_name(choice):
+    from engine.errors import InvalidRequest
+    with pytest.raises(InvalidRequest, match="tool_choice") as e:
+        plan_tools("generic", [], [{"type": "function", "function": {"name": "f"}}], choice)
+    assert e.value.param == "tool_choice"
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"type": "string", "minLength": 10**9}, "minLength"), ({"type": "array", "maxItems": 10**7}, "maxItems"),
+    ({"type": "object", "properties": {"a": {"type": "string", "maxLength": 5000}}}, "maxLength"),
+    ({"type": "string", "pattern": "^a{1000000000}$"}, "pattern"),
+    ({"type": "string", "pattern": "^a{1," + "9" * 5000 + "}$"}, "pattern"),
+    ({"$ref": "https://example.com/schema.json"}, "local reference"), ({"$ref": "file:///etc/passwd"}, "local"),
+])
+def test_schemas_too_costly_for_a_grammar_are_refused_quickly(schema, words):
+    """The converter spells repetitions out: minLength 10**9 took 77 s and 5 GB before this check."""
+    import time
+    from engine.errors import InvalidRequest
+    from engine.tools import schema_grammar
+    t0 = time.monotonic()
+    with pytest.raises(InvalidRequest, match=words) as e:
+        schema_grammar(schema)
+    assert e.value.param == "response_format" and time.monotonic() - t0 < 1
+    fn = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": schema}}}}
+    for fmt in ("generic", "hermes", "gemma", "llama_json", "mistral", "harmony"):
+        with pytest.raises(InvalidRequest, match=words) as e:
+            plan_tools(fmt, [{"role": "user", "content": "q"}], [fn], "required")
+        assert e.value.param == "tools"  # a tool's schema is named as the tools' fault
+    assert schema_grammar({"type": "string", "maxLength": 64, "pattern": "^[a-z]{1,32}$"})  # ordinary bounds pass
+
+
+def test_a_gemma_call_grammar_quotes_the_function_name():
+    plan = plan_tools("gemma", [{"role": "user", "content": "q"}],
+                      [{"type": "function", "function": {"name": 'we"ird\\'}}], "required")
+    assert '"we\\"ird\\\\" f0-root' in plan.grammar
+
+
+def test_template_kwargs_may_not_replace_the_renderers_own_variables():
+    from engine.chat import CHATML, ChatTemplate
+    from engine.errors import InvalidRequest
+    template = ChatTemplate(CHATML, "<s>", "</s>")
+    msgs = [{"role": "user", "content": "q"}]
+    for clash in ({"messages": 5}, {"bos_token": "x"}, {"add_generation_prompt": False}):
+        with pytest.raises(InvalidRequest, match=next(iter(clash))) as e:
+            template.render(msgs, **clash)
+        assert e.value.param == "chat_template_kwargs"
+    assert "<|im_start|>user\nq" in template.render(msgs, tools=[], enable_thinking=False)
+    with pytest.raises(InvalidRequest, match="'text' must be a string"):
+        template.render([{"role": "user", "content": [{"type": "text", "text": 5}]}])

@@ -145,3 +145,149 @@ def test_ignored_field_is_logged_once(tiny_server, caplog):
         assert status == 200
     hits = [r for r in caplog.records if "frobnicate" in r.getMessage()]
     assert len(hits) == 1 and "ignoring" in hits[0].getMessage()
+
+
+# ---- request-boundary validation (each case was a 500) --------------------------------------------
+
+@pytest.mark.parametrize("field, literal, words", [
+    ("temperature", b"NaN", ["finite", "nan"]), ("top_p", b"Infinity", ["finite", "inf"]),
+    ("min_p", b"-Infinity", ["finite"]), ("presence_penalty", b"NaN", ["finite"]),
+    ("repeat_penalty", b"1e400", ["finite"]),  # json reads an overflowing float as inf
+    ("temperature", b"1" + b"0" * 400, ["out of range"]),  # float() of this integer raises OverflowError
+    ("top_k", b"1" + b"0" * 30, ["64 bits"]), ("seed", str(2**64).encode(), ["64 bits"]),
+])
+def test_non_finite_and_oversized_numbers_are_400(tiny_server, field, literal, words):
+    for path, head in (("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], '),
+                       ("/v1/completions", b'{"prompt": "hi", ')):
+        status, body = post(tiny_server, path, head + b'"max_tokens": 2, "' + field.encode() + b'": ' + literal
+                                + b"}")
+        assert_error(status, body, 400, *words, param=field)
+    still_serving(tiny_server)
+
+
+def test_non_finite_numbers_nested_in_a_field_are_400(tiny_server):
+    status, body = post(tiny_server, "/v1/chat/completions",
+                            b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, '
+                            b'"chat_template_kwargs": {"x": [1, NaN]}}')
+    assert_error(status, body, 400, "chat_template_kwargs.x[1]", "finite", param="chat_template_kwargs")
+
+
+@pytest.mark.parametrize("tools, words", [
+    (["x"], ["tools[0]", "an object"]), ([1], ["tools[0]"]), ([{"type": "function"}], ["tools[0].function"]),
+    ([{"type": "function", "function": {}}], ["tools[0].function.name"]),
+    ([{"type": "function", "function": {"name": ""}}], ["tools[0].function.name"]),
+    ([{"type": "function", "function": {"name": 5}}], ["tools[0].function.name"]),
+    ([{"type": "function", "function": {"name": 'bad "name"'}}], ["tools[0].function.name"]),
+    ([{"type": "retrieval", "function": {"name": "f"}}], ["tools[0].type"]),
+    ([{"type": "function", "function": {"name": "f", "parameters": "x"}}], ["tools[0].function.parameters"]),
+    ([{"type": "function", "function": {"name": "f", "description": ["x"]}}], ["tools[0].function.description"]),
+    ([{"type": "function", "function": {"name": "f"}}, "x"], ["tools[1]"]),
+])
+def test_malformed_tools_name_the_tool(tiny_server, tools, words):
+    for choice in ("auto", "none"):  # checked even when no tool will be called
+        body = {"messages": MSG, "max_tokens": 2, "tools": tools, "tool_choice": choice}
+        status, resp = post(tiny_server, "/v1/chat/completions", json.dumps(body).encode())
+        assert_error(status, resp, 400, *words, param="tools")
+
+
+def test_a_tool_schema_too_costly_for_a_grammar_is_a_quick_400(tiny_server):
+    import time
+    for params in ({"type": "object", "properties": {"a": {"type": "string", "minLength": 10**9}}},
+                   {"type": "object", "properties": {"a": {"type": "array", "maxItems": 10**7}}},
+                   {"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}}):
+        t0 = time.monotonic()
+        body = {"messages": MSG, "max_tokens": 2, "tool_choice": "required",
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": params}}]}
+        status, resp = post(tiny_server, "/v1/chat/completions", json.dumps(body).encode())
+        assert_error(status, resp, 400, "grammar", param="tools")
+        assert time.monotonic() - t0 < 5
+    status, resp = post(tiny_server, "/v1/chat/completions", json.dumps(
+        {"messages": MSG, "max_tokens": 2, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "string", "maxLength": 10**9}}}}).encode())
+    assert_error(status, resp, 400, "maxLength", param="response_format")
+    still_serving(tiny_server)
+
+
+@pytest.mark.parametrize("calls, where", [
+    ([1], "messages[1].tool_calls[0]"), ("x", "messages[1].tool_calls"),
+    ([{"id": "1"}], "messages[1].tool_calls[0].function"),
+    ([{"id": "a"}], "messages[1].tool_calls[0].function"), ([None], "messages[1].tool_calls[0]"),
+    ([{"function": {}}], "messages[1].tool_calls[0].function.name"),
+    ([{"function": "f"}], "messages[1].tool_calls[0].function"), ({"a": 1}, "messages[1].tool_calls"),
+    ([{"function": {"name": "f", "arguments": 5}}], "messages[1].tool_calls[0].function.arguments"),
+    ([{"id": 7, "function": {"name": "f"}}], "messages[1].tool_calls[0].id"),
+    ([{"type": "code", "function": {"name": "f"}}], "messages[1].tool_calls[0].type"),
+])
+def test_malformed_tool_calls_in_the_history_name_the_call(tiny_server, calls, where):
+    """Was KeyError: 'function' in engine/tools.py _replay_as_text (the tiny model speaks the generic format)."""
+    history = [{"role": "user", "content": "weather?"}, {"role": "assistant", "content": None, "tool_calls": calls},
+               {"role": "tool", "tool_call_id": "1", "content": "sunny"}]
+    for extra in ({}, {"tools": [{"type": "function", "function": {"name": "f"}}]}):
+        body = {"messages": history, "max_tokens": 2, **extra}
+        status, resp = post(tiny_server, "/v1/chat/completions", json.dumps(body).encode())
+        assert_error(status, resp, 400, where, param="messages")
+    still_serving(tiny_server)
+
+
+def test_a_well_formed_tool_history_is_replayed(tiny_server):
+    history = [{"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+                   {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "not json"}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+               {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "noon"}]}]
+    status, resp = post(tiny_server, "/v1/chat/completions",
+                        json.dumps({"messages": history, "max_tokens": 2}).encode())
+    assert status == 200, resp
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": "f"}, {"type": "function"},
+                                    {"type": "function", "function": {"name": 5}}, {"function": {}},
+                                    {"type": "allowed_tools", "function": {"name": "f"}}, "sometimes", 5, ["auto"]])
+def test_malformed_tool_choice_is_400(tiny_server, choice):
+    body = {"messages": MSG, "max_tokens": 2, "tool_choice": choice,
+            "tools": [{"type": "function", "function": {"name": "f"}}]}
+    status, resp = post(tiny_server, "/v1/chat/completions", json.dumps(body).encode())
+    assert_error(status, resp, 400, "tool_choice", param="tool_choice")
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"messages": 5}, ["messages"]), ({"tools": []}, ["tools"]),
+    ({"add_generation_prompt": False}, ["add_generation_prompt"]),
+    ({"bos_token": "x", "eos_token": "y"}, ["bos_token, eos_token"]), ({"raise_exception": 1}, ["raise_exception"]),
+    ("enable_thinking", ["an object"]), ([1], ["an object"]),
+])
+def test_chat_template_kwargs_may_not_replace_the_templates_variables(tiny_server, kwargs, words):
+    body = {"messages": MSG, "max_tokens": 2, "chat_template_kwargs": kwargs}
+    status, resp = post(tiny_server, "/v1/chat/completions", json.dumps(body).encode())
+    assert_error(status, resp, 400, *words, param="chat_template_kwargs")
+    ok = {"messages": MSG, "max_tokens": 2, "chat_template_kwargs": {"enable_thinking": False, "documents": []}}
+    assert post(tiny_server, "/v1/chat/completions", json.dumps(ok).encode())[0] == 200
+
+
+@pytest.mark.parametrize("path, body, param, where", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages", "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "a\udfffb"}]}]},
+     "messages", "messages[0].content[0].text"),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": "ok"}, {"role": "user", "name": "\udc00",
+                                                                                "content": "x"}]},
+     "messages", "messages[1].name"),
+    ("/v1/chat/completions", {"messages": MSG, "stop": ["ok", "\ud800"]}, "stop", "stop[1]"),
+    ("/v1/chat/completions", {"messages": MSG, "tools": [{"type": "function", "function": {
+        "name": "f", "description": "\ud800"}}]}, "tools", "tools[0].function.description"),
+    ("/v1/chat/completions", {"messages": MSG, "chat_template_kwargs": {"\ud800": 1}}, "chat_template_kwargs",
+     "a key in 'chat_template_kwargs'"),
+    ("/v1/completions", {"prompt": "\ud800"}, "prompt", "'prompt'"),
+    ("/v1/completions", {"prompt": ["\ud800"]}, "prompt", "prompt[0]"),
+    ("/v1/completions", {"prompt": "hi", "stop": "\udbff"}, "stop", "'stop'"),
+    ("/v1/embeddings", {"input": "\ud800"}, "input", "'input'"),
+    ("/v1/embeddings", {"input": ["fine", "\udfff"]}, "input", "input[1]"),
+])
+def test_lone_surrogates_are_400_naming_the_field(tiny_server, path, body, param, where):
+    """A lone surrogate cannot be encoded as UTF-8, so it can never be tokenized (was UnicodeEncodeError, a 500)."""
+    status, resp = post(tiny_server, path, json.dumps({"max_tokens": 2, **body}).encode())
+    assert_error(status, resp, 400, where, "surrogate", param=param)
+    # a surrogate pair written as two escapes is one valid character
+    pair = json.dumps({"max_tokens": 2, "messages": [{"role": "user", "content": "\ud83d\ude00"}]})
+    assert "\\ud83d\\ude00" in pair and post(tiny_server, "/v1/chat/completions", pair.encode())[0] == 200
