@@ -55,6 +55,8 @@ class Option:
             elif self.type is str:
                 if not isinstance(raw, str):
                     raise ValueError
+                if "\x00" in raw or len(raw) > 4096:  # no path, URL or name holds a NUL or runs that long
+                    raise ConfigError(f"invalid value for {label}: a NUL character or more than 4096 characters")
         except ValueError:
             raise ConfigError(f"invalid value for {label}: {raw!r} is not {_type_word(self.type)}") from None
         if self.choices is not None and value not in self.choices:
@@ -79,12 +81,13 @@ SCHEMA: tuple[Option, ...] = (
     Option("port", int, 8080, "TCP port of the OpenAI-compatible server (0 = any free port)", short="-p",
            minimum=0, maximum=65535),
     Option("ctx", int, 4096, "context length per stream, in tokens (clamped to the model's training context)",
-           minimum=64),
-    Option("max_tokens", int, 4096, "default completion length when a request does not say", minimum=1),
+           minimum=64, maximum=1 << 22),
+    Option("max_tokens", int, 4096, "default completion length when a request does not say", minimum=1,
+           maximum=1 << 22),
     Option("streams", int, 4, "concurrent generation streams per model (continuous batching)", short="-s",
            minimum=1, maximum=64),
-    Option("threads", int, 0, "CPU threads for llama.cpp (0 = one per core)", short="-t", minimum=0),
-    Option("chunk", int, 512, "largest prefill slice per scheduler tick, in tokens", minimum=16),
+    Option("threads", int, 0, "CPU threads for llama.cpp (0 = one per core)", short="-t", minimum=0, maximum=1024),
+    Option("chunk", int, 512, "largest prefill slice per scheduler tick, in tokens", minimum=16, maximum=1 << 16),
     Option("kv_dtype", str, "f16", "KV cache element type", choices=KV_DTYPES),
     Option("gpu", str, "auto", "offload layers to a GPU when llama.cpp has one", choices=("auto", "off")),
     Option("models_dir", str, None, "where downloaded models live (default: the user data dir)"),
@@ -94,10 +97,10 @@ SCHEMA: tuple[Option, ...] = (
     Option("vad", str, None, "Silero VAD model (default: the one shipped with llamadesk)"),
     Option("catalog_mirror", str, None, "base URL serving catalog files by name (offline mirrors, tests)"),
     Option("catalog_path", str, None, "a catalog TOML to use instead of the one shipped with llamadesk"),
-    Option("max_json_mb", int, 16, "largest JSON request body, in MB (413 beyond)", minimum=1),
-    Option("max_upload_mb", int, 64, "largest audio upload, in MB (413 beyond)", minimum=1),
+    Option("max_json_mb", int, 16, "largest JSON request body, in MB (413 beyond)", minimum=1, maximum=1024),
+    Option("max_upload_mb", int, 64, "largest audio upload, in MB (413 beyond)", minimum=1, maximum=4096),
     Option("max_audio_s", int, 7200, "longest audio a transcription decodes, in seconds (413 beyond; /vad takes 120)",
-           minimum=1),
+           minimum=1, maximum=7 * 86400),
     Option("cors_origins", str, None, "comma-separated browser origins allowed to call the API (CORS); * for any"),
     Option("allowed_hosts", str, None, "comma-separated extra host names the server answers to (Host header; "
            "loopback names always); * for any"),
@@ -114,7 +117,9 @@ OPTIONS = {o.name: o for o in SCHEMA}
 NETWORK_KEYS = ("host", "api_key", "cors_origins", "allowed_hosts", "insecure_no_key")
 MODEL_KEYS = {"name": str, "path": str, "default": bool, "ctx": int, "streams": int, "chunk": int,
               "kv_dtype": str, "chat_template": str, "tool_format": str}
-TOOL_FORMATS = ("hermes", "llama_json", "mistral", "harmony", "gemma", "generic", "none")
+# The tool-call wire formats engine/tools.py parses and constrains (the one list); a roster entry may also
+# say "none" (tools refused with a 400).
+TOOL_FORMATS = ("hermes", "llama_json", "mistral", "harmony", "gemma", "generic")
 
 
 @dataclass
@@ -152,6 +157,20 @@ class Config:
         return {o.name: {"value": self.values[o.name], "source": self.sources[o.name], "help": o.help}
                 for o in SCHEMA}
 
+    def save(self, values: dict[str, Any] | None = None, apply: bool = False) -> Path | None:
+        """The one writer of the config file: values (None drops a key) and the roster, as the authoritative
+        TOML; apply: the running configuration takes the values too (as if read from the file). Blocking
+        (a small file); returns the path, or None when this configuration has no file."""
+        values = values or {}
+        if apply:
+            for k, v in values.items():
+                self.values[k] = v
+                self.sources[k] = "toml"
+        if self.path is None:
+            return None
+        _write_toml(self.path, values, self.models)
+        return self.path
+
     def models_dir(self) -> Path:
         """Where models live: models_dir, else $LLAMADESK_MODELS_DIR, else <user data dir>/models."""
         if self.values.get("models_dir"):
@@ -161,7 +180,7 @@ class Config:
         return Path(platformdirs.user_data_dir(APP_NAME)) / "models"
 
 
-def save_authoritative(path: Path, values: dict[str, Any], models: list[ModelEntry]) -> None:
+def _write_toml(path: Path, values: dict[str, Any], models: list[ModelEntry]) -> None:
     """Write values and the roster into the TOML at path, keeping its comments and other keys,
     marked authoritative (its values then win over CLI flags). Written atomically."""
     import tomlkit
@@ -227,9 +246,9 @@ def _parse_models(raw: Any, path: Path) -> list[ModelEntry]:
         for k, v in item.items():
             if k not in MODEL_KEYS:
                 raise ConfigError(f"unknown key '{k}' in [[models]] entry {i + 1}; allowed: {', '.join(MODEL_KEYS)}")
-            if k == "tool_format" and v not in TOOL_FORMATS:
+            if k == "tool_format" and v not in (*TOOL_FORMATS, "none"):
                 raise ConfigError(f"invalid value for 'tool_format' in [[models]] entry {i + 1}: {v!r}; "
-                                  f"allowed: {', '.join(TOOL_FORMATS)}")
+                                  f"allowed: {', '.join(TOOL_FORMATS)}, none")
             if k in OPTIONS:
                 OPTIONS[k].parse(v, f"[[models]] {i + 1}")
             elif not isinstance(v, MODEL_KEYS[k]):

@@ -1,7 +1,7 @@
 """The mechanism: every call into llama.cpp (llama-cpp-python's low-level API) lives here.
 
 Model weights, vocabularies, batch contexts, embedding contexts and sampler chains. Nothing
-here decides *what* to run; engine/scheduler.py does. All context calls happen on the
+here decides *what* to run; engine/core/scheduler.py does. All context calls happen on the
 scheduler thread; vocab reads (tokenize, pieces) are read-only and safe from any thread.
 """
 from __future__ import annotations
@@ -96,7 +96,6 @@ class LlamaModel:
         self.n_embd = L.llama_model_n_embd(ptr)
         self.n_params = L.llama_model_n_params(ptr)
         self.arch = self.meta("general.architecture") or "unknown"
-        self.has_encoder = bool(L.llama_model_has_encoder(ptr))
         # An embedding model (BERT and kin) declares a pooling type and has no causal decoder.
         self.is_embedding_model = self.meta(f"{self.arch}.pooling_type") is not None or \
             self.meta(f"{self.arch}.attention.causal") == "false"
@@ -290,6 +289,11 @@ class BatchContext(_Context):
     def clear_seq(self, seq: int) -> None:
         """Forget everything a sequence holds."""
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+    def copy_seq(self, src: int, dst: int) -> None:
+        """Make dst hold what src holds (n > 1 choices sharing one prompt). Each sequence has its own KV
+        stream here, so llama.cpp copies the whole buffer, at the start of the next decode."""
+        L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
 
 class EmbedContext(_Context):
     """A mean-pooling embedding context; several inputs go through one decode as separate sequences."""

@@ -27,6 +27,19 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; n: the chosen token's logprob plus the n most likely
 
 
+@dataclass(frozen=True)
+class OutputReading:
+    """How a generation's text is read: the tool-call wire format, whether tools are on (and a grammar
+    guarantees each call completes, so calls may stream), whether it may reason (and starts inside it)."""
+
+    tool_format: str | None = None
+    tools_active: bool = False
+    constrained_calls: bool = False
+    reasoning: bool = False
+    in_reasoning: bool = False
+    parallel_tool_calls: bool = True  # false: calls after the first are dropped (where no grammar stops them)
+
+
 @dataclass
 class ChatRequest:
     """A chat completion: messages rendered through the model's chat template."""
@@ -39,6 +52,7 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
     parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None  # {"type": "json_object"} | {"type": "json_schema", "schema"}
 
 
 @dataclass

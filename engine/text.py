@@ -4,6 +4,18 @@ from __future__ import annotations
 import codecs
 
 
+def partial_suffix(buf: str, markers) -> int:
+    """Length of the longest suffix of buf that is a proper prefix of one of markers (text to hold back
+    because the next piece may complete a stop string or a tool-call tag)."""
+    best = 0
+    for m in markers:
+        for n in range(min(len(m) - 1, len(buf)), best, -1):
+            if buf.endswith(m[:n]):
+                best = n
+                break
+    return best
+
+
 class Utf8Stream:
     """Turns token byte pieces into text, never emitting half of a multi-byte character."""
 
@@ -35,12 +47,7 @@ class StopMatcher:
         if hit >= 0:
             self._held = ""
             return buf[:hit], True
-        keep = 0
-        for s in self.stops:  # longest suffix of buf that is a proper prefix of a stop string
-            for n in range(min(len(s) - 1, len(buf)), keep, -1):
-                if buf.endswith(s[:n]):
-                    keep = n
-                    break
+        keep = partial_suffix(buf, self.stops)
         self._held = buf[len(buf) - keep:] if keep else ""
         return buf[:len(buf) - keep], False
 

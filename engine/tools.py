@@ -21,8 +21,8 @@ from typing import Any
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from engine.errors import InvalidRequest
+from engine.text import partial_suffix
 
-FORMATS = ("hermes", "llama_json", "mistral", "harmony", "gemma", "generic")
 
 
 def detect_format(template: str) -> str:
@@ -93,6 +93,33 @@ def _json_calls(text: str, args_key: str = "arguments") -> list[dict] | None:
     return calls or None
 
 
+class ReplyReader:
+    """Reads one choice's text as its OutputReading says: content, reasoning and tool calls as events, the
+    calls after the first dropped when parallel_tool_calls is false (where no grammar already stops them)."""
+
+    def __init__(self, reading):
+        r = reading
+        self.parser = OutputParser(r.tool_format, r.tools_active, r.reasoning, r.in_reasoning,
+                                   stream_calls=r.constrained_calls) if r.tools_active or r.reasoning else None
+        self.parallel = r.parallel_tool_calls
+        self.calls = 0  # calls started so far
+        self._skipping = False  # inside a call dropped by parallel_tool_calls=false
+
+    def events(self, text: str | None) -> list[Event]:
+        """Events for new text (None: the generation ended)."""
+        events = self.parser.feed(text) if text is not None else self.parser.finish()
+        out = []
+        for e in events:
+            if e.kind in ("tool_call", "tool_call_start"):
+                self._skipping = bool(self.calls) and not self.parallel
+                if not self._skipping:
+                    self.calls += 1
+            if self._skipping and e.kind in ("tool_call", "tool_call_start", "tool_args", "tool_call_end"):
+                continue
+            out.append(e)
+        return out
+
+
 class OutputParser:
     """Splits generated text into content, reasoning and tool calls, chunk by chunk.
 
@@ -159,7 +186,7 @@ class OutputParser:
                     self.buf = self.buf[i + len(opener):]
                     self.mode = opener
                     continue
-                keep = 0 if final else _partial_suffix(self.buf, self.tags)
+                keep = 0 if final else partial_suffix(self.buf, self.tags)
                 emit, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
                 if emit:
                     out.append(Event("content", emit))
@@ -172,7 +199,7 @@ class OutputParser:
                 self.mode = None
                 continue
             if kind == "reasoning":  # reasoning streams as it comes
-                keep = 0 if final else _partial_suffix(self.buf, {closer: None})
+                keep = 0 if final else partial_suffix(self.buf, {closer: None})
                 emit, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
                 if emit:
                     out.append(Event("reasoning", emit))
@@ -202,7 +229,7 @@ class OutputParser:
             self.args_at, self.args_sent = m.end(), 0
             out.append(Event("tool_call_start", call=dict(self.started)))
         body = self.buf[self.args_at:]
-        body = body[:len(body) - _partial_suffix(body, {"</tool_call>": None})].rstrip()
+        body = body[:len(body) - partial_suffix(body, {"</tool_call>": None})].rstrip()
         if body.endswith("}"):  # may be the call object's own closing brace: wait for the closer
             body = body[:-1].rstrip()
         if len(body) > self.args_sent:
@@ -315,17 +342,6 @@ def parse_harmony(text: str) -> list[Event]:
     return events if matched else ([Event("content", text)] if text else [])
 
 
-def _partial_suffix(buf: str, markers) -> int:
-    """Length of the longest suffix of buf that is a proper prefix of a marker."""
-    best = 0
-    for m in markers:
-        for n in range(min(len(m) - 1, len(buf)), best, -1):
-            if buf.endswith(m[:n]):
-                best = n
-                break
-    return best
-
-
 def _merge(events: list[Event]) -> list[Event]:
     out: list[Event] = []
     for e in events:
@@ -366,7 +382,6 @@ class ToolPlan:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     grammar: str | None = None
     grammar_triggers: list[str] = field(default_factory=list)  # set: a lazy grammar that starts at the opener
-    fmt: str = "generic"
     tools_active: bool = False
 
 
@@ -575,7 +590,7 @@ def plan_tools(fmt: str, messages: list[dict], tools: list[dict] | None, tool_ch
                 messages = _generic_messages(messages, [], "none")
             elif fmt == "gemma":
                 messages = _gemma_messages(messages, [])
-        return ToolPlan(messages=messages, fmt=fmt)
+        return ToolPlan(messages=messages)
     fns = _functions(tools)
     if isinstance(tool_choice, dict):
         fn = tool_choice.get("function")
@@ -599,10 +614,10 @@ def plan_tools(fmt: str, messages: list[dict], tools: list[dict] | None, tool_ch
         calls = {"type": "object", "properties": {"tool_calls": call_list}, "required": ["tool_calls"]}
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
         grammar = schema_grammar(calls if forced else {"anyOf": [calls, answer]}, param="tools")
-        return ToolPlan(_generic_messages(messages, fns, choice), grammar=grammar, fmt=fmt, tools_active=True)
+        return ToolPlan(_generic_messages(messages, fns, choice), grammar=grammar, tools_active=True)
     if fmt == "gemma":
         return ToolPlan(_gemma_messages(messages, fns), grammar=_python_call_grammar(constrained),
-                        grammar_triggers=[] if forced else [r"(```tool_code)"], fmt=fmt, tools_active=True)
+                        grammar_triggers=[] if forced else [r"(```tool_code)"], tools_active=True)
     grammar, triggers = None, []
     if fmt == "harmony":
         grammar = _each_function_grammar(constrained, lambda f: (
@@ -622,4 +637,4 @@ def plan_tools(fmt: str, messages: list[dict], tools: list[dict] | None, tool_ch
     # required/forced: the grammar holds from the first token; auto: it starts at the call opener, so a
     # reply may be text, but a call the model starts always completes with arguments valid for its schema
     return ToolPlan(messages=messages, template_kwargs={"tools": tools}, grammar=grammar,
-                    grammar_triggers=[] if forced else triggers, fmt=fmt, tools_active=True)
+                    grammar_triggers=[] if forced else triggers, tools_active=True)

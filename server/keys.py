@@ -20,4 +20,4 @@ class Lifecycle(Protocol):
     def request_shutdown(self) -> None: ...
 
 
-LIFECYCLE = web.AppKey("lifecycle", object)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)  # None when embedded without a host

@@ -17,7 +17,6 @@ from engine.chat import ROLES, TEMPLATE_VARIABLES
 from server.errors import MAX_BODY_KEY
 from engine.errors import InvalidRequest, UnsupportedMediaType
 from engine.requests import ChatRequest, CompletionRequest, SamplingParams
-from engine.tools import schema_grammar
 
 log = logging.getLogger("llamadesk.server")
 _ignored_logged: set[str] = set()
@@ -52,11 +51,12 @@ async def read_json(request: web.Request, empty_ok: bool = False) -> dict[str, A
         return {}
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except RecursionError:  # deeper than the parser goes
+        raise InvalidRequest(f"the request body nests arrays and objects more than {MAX_DEPTH} levels deep") \
+            from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer literal over 4300 digits
         raise InvalidRequest(f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        body = None  # deeper than the parser goes: reported as too deep below
-    if body is None or _depth_exceeds(body, MAX_DEPTH):
+    if _depth_exceeds(body, MAX_DEPTH):
         raise InvalidRequest(f"the request body nests arrays and objects more than {MAX_DEPTH} levels deep")
     if not isinstance(body, dict):
         raise InvalidRequest(f"the request body must be a JSON object, not {_json_type(body)}")
@@ -213,7 +213,6 @@ class StreamOptions:
     stream: bool
     include_usage: bool
     n: int = 1  # choices, generated as parallel streams
-    parallel_tool_calls: bool = True
     logprobs: bool = False
 
 
@@ -266,23 +265,22 @@ def _stream_options(f: Fields) -> StreamOptions:
     return StreamOptions(stream, include_usage, n=f.get("n", int, 1, lo=1, hi=8))
 
 
-def _response_format(f: Fields) -> str | None:
-    """The grammar a response_format asks for (None for plain text)."""
+def _response_format(f: Fields) -> dict[str, Any] | None:
+    """What a response_format asks for, as the engine's output spec: {"type": "json_object"} or
+    {"type": "json_schema", "schema": {...}} (None for plain text). The engine compiles it into a grammar."""
     rf = f.get("response_format", dict)
     kind = (rf or {}).get("type", "text")
     if kind == "text":
         return None
     if kind == "json_object":
-        # any JSON object; built by the schema converter, whose numbers have bounded digits (a small model
-        # under llama-cpp-python's plain JSON grammar can write "11.1111…" until max_tokens)
-        return schema_grammar({"type": "object"})
+        return {"type": "json_object"}
     if kind == "json_schema":
         js = rf.get("json_schema")
         schema = js.get("schema") if isinstance(js, dict) else None
         if not isinstance(schema, dict):
             raise InvalidRequest("response_format json_schema needs {\"json_schema\": {\"name\", \"schema\": {...}}}",
                                  "response_format")
-        return schema_grammar(schema)
+        return {"type": "json_schema", "schema": schema}
     raise InvalidRequest(f"response_format type must be text, json_object or json_schema, got {_brief(kind)}",
                          "response_format")
 
@@ -385,13 +383,13 @@ def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
     _check_messages(messages)
     sampling = _sampling(f)
     opts = _stream_options(f)
-    sampling.grammar = _response_format(f)
+    response_format = _response_format(f)
     if f.get("logprobs", bool, False):
         opts.logprobs = True
         sampling.logprobs = f.get("top_logprobs", int, 0, lo=0, hi=20)
     else:
         f.get("top_logprobs", int)
-    opts.parallel_tool_calls = f.get("parallel_tool_calls", bool, True)
+    parallel_tool_calls = f.get("parallel_tool_calls", bool, True)
     truncation = f.get("truncation", str, "disabled")
     if truncation not in ("auto", "disabled"):
         raise InvalidRequest("'truncation' must be 'auto' or 'disabled'", "truncation")
@@ -407,7 +405,7 @@ def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
     tool_choice = _tool_choice(f)
     f.log_ignored()
     return ChatRequest(model, messages, sampling, truncation, kwargs, tools=tools, tool_choice=tool_choice,
-                       parallel_tool_calls=opts.parallel_tool_calls), opts
+                       parallel_tool_calls=parallel_tool_calls, response_format=response_format), opts
 
 
 def completion_request(body: dict[str, Any]) -> tuple[CompletionRequest, StreamOptions]:

@@ -1,8 +1,8 @@
 """The one QObject between the panels and the engine facade.
 
-Panels are passive views: they call the bridge's methods and listen to its typed signals. The
-bridge runs facade calls as asyncio tasks on the shared (qasync) loop, so nothing blocking runs
-on it; model loads go to threads inside the facade.
+Panels are passive views: every call into the engine goes through the bridge's methods (reads return
+plain data, actions run as asyncio tasks on the shared qasync loop, so nothing blocking runs on it), and
+what changes comes back through its typed signals, stats once per tick.
 """
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.host import Host
-from engine.config import Config, ModelEntry, save_authoritative
+from engine.config import Config, ModelEntry
 from engine.errors import EngineError
 from engine.requests import ChatRequest, SamplingParams
 
@@ -102,12 +101,8 @@ class Bridge(QObject):
         task.add_done_callback(done)
         return task
 
-    @property
-    def service(self):
-        return self.host.service
-
-    def state(self) -> str:
-        """What the tray and status bar show."""
+    def state(self, stats: dict | None = None) -> str:
+        """What the tray and status bar show (from this tick's stats when given)."""
         svc = self.host.service
         if svc is None:
             return "stopped"
@@ -115,18 +110,53 @@ class Bridge(QObject):
             return svc.status
         if not self.host.serving:
             return "paused"
-        return "busy" if svc.stats()["active_streams"] else "serving"
+        return "busy" if (stats or svc.stats())["active_streams"] else "serving"
 
     def on_tick(self) -> None:
+        """One stats snapshot per tick: the state, the panels' charts and tables all read it."""
         svc = self.host.service
-        state = self.state()
+        stats = svc.stats() if svc is not None else None
+        state = self.state(stats)
         if state != self._state:
             self._state = state
             self.state_changed.emit(state)
-        if svc is None:
+        if stats is None:
             return
-        self.stats_updated.emit(svc.stats())
+        self.stats_updated.emit(stats)
         self.streams_updated.emit(svc.streams()["streams"])
+
+    # ---- reads for the panels (plain data; empty while the host is stopped) ---------------------
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every served model as /v1/models lists it."""
+        svc = self.host.service
+        return svc.models() if svc is not None else []
+
+    @property
+    def running(self) -> bool:
+        """Whether the host has an engine (not between a stop and a start)."""
+        return self.host.service is not None
+
+    @property
+    def setup_mode(self) -> bool:
+        svc = self.host.service
+        return svc is None or svc.setup_mode
+
+    def catalog(self) -> dict[str, Any] | None:
+        """The catalog as GET /catalog shows it (None while stopped)."""
+        svc = self.host.service
+        return svc.catalog.listing() if svc is not None else None
+
+    def models_dir(self) -> str | None:
+        svc = self.host.service
+        return str(svc.config.models_dir()) if svc is not None else None
+
+    def speech_models(self) -> dict[str, Any]:
+        """{"tts": its voices or None, "asr": its id or None}: what the speech controls can offer."""
+        svc = self.host.service
+        tts = svc.speech.tts if svc is not None else None
+        asr = svc.speech.asr if svc is not None else None
+        return {"tts": tts.model.voices if tts is not None else None, "asr": asr.id if asr is not None else None}
 
     # ---- chat -----------------------------------------------------------------------------
 
@@ -141,7 +171,7 @@ class Bridge(QObject):
         first = None
         gen = None
         try:
-            gen = await self.host.service.chat(ChatRequest(model, messages, sampling))
+            gen = (await self.host.service.chat(ChatRequest(model, messages, sampling)))[0]
             self._gens[cid] = gen
             async for text in gen.chunks():
                 if first is None:
@@ -187,8 +217,8 @@ class Bridge(QObject):
         async def go() -> None:
             self.state_changed.emit("loading")
             try:
-                await self.host.service.add_model(ModelEntry(name=name, path=path),
-                                                  progress=lambda f: self.load_progress.emit(name, f))
+                await self.host.service.roster.add(ModelEntry(name=name, path=path),
+                                                   progress=lambda f: self.load_progress.emit(name, f))
             finally:
                 self.on_tick()
             self.models_changed.emit()
@@ -200,8 +230,8 @@ class Bridge(QObject):
         async def go() -> None:
             self.state_changed.emit("loading")
             try:
-                await self.host.service.reload_model(name, progress=lambda f: self.load_progress.emit(name, f),
-                                                     **settings)
+                await self.host.service.roster.reload(name, progress=lambda f: self.load_progress.emit(name, f),
+                                                      **settings)
                 self.notice.emit(f"reloaded {name}")
             except EngineError as e:
                 self.notice.emit(f"{name}: {e.message}")
@@ -213,16 +243,19 @@ class Bridge(QObject):
     def unload_model(self, name: str) -> asyncio.Task:
         """Stop serving a model and free it."""
         async def go() -> None:
-            await self.host.service.remove_model(name)
+            await self.host.service.roster.remove(name)
             self.models_changed.emit()
             self.notice.emit(f"unloaded {name}")
         return self.spawn(go())
 
     def set_default(self, name: str) -> None:
         """Route requests without a model to this one."""
-        if name in self.host.service.slots:
-            self.host.service.default_id = name
-            self.models_changed.emit()
+        try:
+            self.host.service.roster.activate(name)
+        except EngineError as e:
+            self.notice.emit(e.message)
+            return
+        self.models_changed.emit()
 
     # ---- speech -------------------------------------------------------------------------------
 
@@ -235,9 +268,7 @@ class Bridge(QObject):
             from engine.speech.tts import check_tts_input
             try:
                 check_tts_input(text, speed)
-                tts = self.host.service.speech("tts")
-                parts = [(a, r) async for a, r in tts.sentences_audio(text, voice, speed)]
-                samples, rate = np.concatenate([a for a, _ in parts]), parts[0][1]
+                samples, rate = await self.host.service.speech.get("tts").speak(text, voice, speed)
                 self.speech_ready.emit(rid, {"samples": samples, "rate": rate,
                                              "wav": await asyncio.to_thread(wav_bytes, samples, rate)})
             except EngineError as e:
@@ -253,9 +284,10 @@ class Bridge(QObject):
         async def go() -> None:
             from engine.speech import audio
             try:
-                asr = self.host.service.speech("asr")
+                speech = self.host.service.speech
+                asr = speech.get("asr")
                 samples = await asyncio.to_thread(audio.decode, data, 16000)
-                vad = self.host.service.vad
+                vad = speech.vad
                 spans = await vad.spans(samples) if vad is not None else None
                 duration = round(len(samples) / 16000, 3)
                 self.transcript_started.emit(rid, {"samples": samples, "spans": spans or [], "duration": duration})
@@ -286,10 +318,29 @@ class Bridge(QObject):
 
     def save_settings(self, config: Config, values: dict[str, Any]) -> str:
         """Write values (and the roster) as the authoritative TOML; returns its path."""
-        path = config.path
-        save_authoritative(path, values, config.models)
+        path = config.save(values)
         self.config_saved.emit(str(path))
         return str(path)
+
+    # ---- catalog ------------------------------------------------------------------------------
+
+    def download(self, name: str) -> None:
+        """Queue a catalog entry's download (its progress shows in catalog())."""
+        try:
+            self.host.service.catalog.download(name)
+        except EngineError as e:
+            self.notice.emit(e.message)
+
+    def cancel_download(self, name: str) -> None:
+        self.host.service.catalog.cancel(name)
+
+    def serve(self, name: str) -> asyncio.Task:
+        """Serve a downloaded catalog entry now (no restart)."""
+        async def go() -> None:
+            await self.host.service.catalog.serve(name)
+            self.models_changed.emit()
+            self.notice.emit(f"serving {name}")
+        return self.spawn(go())
 
     def apply(self, config: Config) -> asyncio.Task:
         """Reload the server in process with a new configuration (no process restart)."""

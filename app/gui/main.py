@@ -54,7 +54,7 @@ class Desktop:
         log.info("starting the window")
         self.bridge.start()
         self.bridge.models_changed.emit()
-        self.window.show_panel("Catalog" if self.host.service.setup_mode else "Dashboard")
+        self.window.show_panel("Catalog" if self.bridge.setup_mode else "Dashboard")
         self.window.show()
         if QSystemTrayIcon.isSystemTrayAvailable():
             self.tray.show()

@@ -48,7 +48,7 @@ async def shoot(desktop: Desktop, out: Path) -> None:
         chat.send()
         await done
     studio = w.panels["Speech"]
-    if desktop.host.service.tts is not None and desktop.host.service.asr is not None:
+    if all(desktop.bridge.speech_models().values()):
         studio.text.setPlainText("The weather is nice today. I would like a cup of coffee. Please open the window.")
         heard = asyncio.get_running_loop().create_future()
         bridge.transcript_ready.connect(lambda *_: heard.done() or heard.set_result(True))

@@ -243,6 +243,11 @@ class TtsService:
                 samples = np.concatenate([samples, np.zeros(int(self.PAUSE_S * rate / speed), np.float32)])
             yield samples, rate
 
+    async def speak(self, text: str, voice: str | None = None, speed: float = 1.0) -> tuple[np.ndarray, int]:
+        """The whole text as one clip: its sentences with short pauses between them."""
+        parts = [part async for part in self.sentences_audio(text, voice, speed)]
+        return np.concatenate([samples for samples, _ in parts]), parts[0][1]
+
     async def synthesize(self, text: str, voice: str | None = None, speed: float = 1.0) -> tuple[np.ndarray, int]:
         """Samples and rate for text (one job, or the recent result for the same request)."""
         sid = self.voice_id(voice)

@@ -28,6 +28,7 @@ TRANSCRIPT_FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 MAX_VAD_S = 120.0
 CONCATENATE = ("pcm", "mp3", "aac")  # formats whose pieces, sent one after another, make one valid stream
 LANGUAGES = {"en": "english"}
+LIST_FIELDS = {"timestamp_granularities"}  # the form fields that take several values (sent as name[])
 
 
 async def read_form(request: web.Request) -> tuple[dict[str, Any], bytes | None]:
@@ -63,8 +64,10 @@ async def read_form(request: web.Request) -> tuple[dict[str, Any], bytes | None]
             value = b"".join(chunks).decode(part.get_charset("utf-8"))
         except (UnicodeDecodeError, LookupError) as e:
             raise InvalidRequest(f"form field {name!r} is not text in its charset: {e}", name) from None
-        if name.endswith("[]"):
+        if name.endswith("[]") and name[:-2] in LIST_FIELDS:
             fields.setdefault(name[:-2], []).append(value)
+        elif name.endswith("[]") or name in fields:
+            raise InvalidRequest(f"form field {name!r}: '{name.removesuffix('[]')}' takes one value", name)
         else:
             fields[name] = value
     return fields, data
@@ -122,7 +125,7 @@ def _part_name(part: BodyPartReader) -> str:
 
 
 def _asr(request: web.Request, model: str | None):
-    svc = request.app[SERVICE].speech("asr")
+    svc = request.app[SERVICE].speech.get("asr")
     if model and model != svc.id and model not in ASR_ALIASES:
         raise ModelNotFound(f"The model '{model}' does not exist; speech-to-text model: {svc.id} "
                             f"(or {', '.join(sorted(ASR_ALIASES))})", "model")
@@ -211,7 +214,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     stream_format = f.get("stream_format", str)
     f.get("instructions", str)
     f.log_ignored()
-    svc = request.app[SERVICE].speech("tts")
+    svc = request.app[SERVICE].speech.get("tts")
     if model and model != svc.id and model not in TTS_ALIASES:
         raise ModelNotFound(f"The model '{model}' does not exist; text-to-speech model: {svc.id} "
                             f"(or {', '.join(sorted(TTS_ALIASES))})", "model")
@@ -233,9 +236,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
             await resp.write(data)
         await resp.write_eof()
         return resp
-    parts = [(samples, rate) async for samples, rate in svc.sentences_audio(text, voice, speed)]
-    rate = parts[0][1]
-    data, content_type = await asyncio.to_thread(audio.encode, np.concatenate([p for p, _ in parts]), rate, fmt)
+    samples, rate = await svc.speak(text, voice, speed)
+    data, content_type = await asyncio.to_thread(audio.encode, samples, rate, fmt)
     return web.Response(body=data, content_type=content_type.split(";")[0])
 
 
@@ -244,15 +246,13 @@ async def _speech_events(request: web.Request, svc, text: str, voice, speed: flo
     formats that concatenate, the whole file at once for the others), then speech.audio.done. The TTS models
     have no tokenizer: usage counts the input's characters."""
     resp = await sse.open_stream(request)
-    parts = []
-    async for samples, rate in svc.sentences_audio(text, voice, speed):
-        if fmt in CONCATENATE:
+    if fmt in CONCATENATE:
+        async for samples, rate in svc.sentences_audio(text, voice, speed):
             data, _ = await asyncio.to_thread(audio.encode, samples, rate, fmt)
             await resp.write(sse.event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}))
-        else:
-            parts.append((samples, rate))
-    if parts:
-        data, _ = await asyncio.to_thread(audio.encode, np.concatenate([p for p, _ in parts]), parts[0][1], fmt)
+    else:
+        samples, rate = await svc.speak(text, voice, speed)
+        data, _ = await asyncio.to_thread(audio.encode, samples, rate, fmt)
         await resp.write(sse.event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}))
     await resp.write(sse.event({"type": "speech.audio.done",
                                 "usage": {"input_tokens": len(text), "output_tokens": 0, "total_tokens": len(text)}}))
@@ -262,7 +262,7 @@ async def _speech_events(request: web.Request, svc, text: str, voice, speed: flo
 
 @routes.get("/v1/audio/voices")
 async def voices(request: web.Request) -> web.Response:
-    svc = request.app[SERVICE].speech("tts")
+    svc = request.app[SERVICE].speech.get("tts")
     return web.json_response({"model": svc.id, "voices": svc.model.voices, "openai_voices": list(OPENAI_VOICES)})
 
 
@@ -271,7 +271,7 @@ async def vad(request: web.Request) -> web.Response:
     _, data = await read_form(request)
     if data is None:
         raise InvalidRequest("'file' is required: the clip to scan for speech", "file")
-    svc = request.app[SERVICE].speech("vad")
+    svc = request.app[SERVICE].speech.get("vad")
     samples = await asyncio.to_thread(audio.decode, data, ASR_RATE, MAX_VAD_S,
                                       "the most /vad takes (longer audio: /v1/audio/transcriptions)")
     seconds = len(samples) / ASR_RATE

@@ -20,28 +20,28 @@ async def _name(request: web.Request, route: str, *extra: str) -> tuple[str, dic
 
 @routes.get("/catalog")
 async def catalog(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].catalog())
+    return web.json_response(request.app[SERVICE].catalog.listing())
 
 
 @routes.post("/catalog/download")
 @loopback_only
 async def download(request: web.Request) -> web.Response:
     name, extra = await _name(request, "catalog.download", "tower")
-    return web.json_response(request.app[SERVICE].download(name, extra["tower"]), status=202)
+    return web.json_response(request.app[SERVICE].catalog.download(name, extra["tower"]), status=202)
 
 
 @routes.post("/catalog/cancel")
 @loopback_only
 async def cancel(request: web.Request) -> web.Response:
     name, _ = await _name(request, "catalog.cancel")
-    return web.json_response({"name": name, "cancelled": request.app[SERVICE].cancel_download(name)})
+    return web.json_response({"name": name, "cancelled": request.app[SERVICE].catalog.cancel(name)})
 
 
 @routes.post("/catalog/serve")
 @loopback_only
 async def serve(request: web.Request) -> web.Response:
     name, _ = await _name(request, "catalog.serve")
-    return web.json_response(await request.app[SERVICE].serve(name))
+    return web.json_response(await request.app[SERVICE].catalog.serve(name))
 
 
 @routes.post("/catalog/import")
@@ -49,4 +49,4 @@ async def serve(request: web.Request) -> web.Response:
 async def import_gguf(request: web.Request) -> web.Response:
     f = Fields(await read_json(request), "catalog.import")
     path = f.require("path", str, "a GGUF file on this machine")
-    return web.json_response(await request.app[SERVICE].import_gguf(path), status=201)
+    return web.json_response(await request.app[SERVICE].catalog.import_gguf(path), status=201)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from engine.config import NETWORK_KEYS, OPTIONS, ConfigError, ModelEntry, save_authoritative
+from engine.config import NETWORK_KEYS, OPTIONS, ConfigError, ModelEntry
 from engine.errors import EngineStopped as ServiceUnavailable
 from engine.errors import Forbidden, InvalidRequest
-from engine.service import VERSION
+from engine.system import VERSION
 from server.access import loopback_only
 from server.keys import CONFIG, LIFECYCLE, SERVICE
 from server.schemas import Fields, read_json
@@ -85,13 +85,13 @@ async def metrics(request: web.Request) -> web.Response:
 async def load_model(request: web.Request) -> web.Response:
     f = Fields(await read_json(request), "models.load")
     path = f.require("path", str, "a GGUF file on this machine")
-    entry = ModelEntry(name=f.get("name", str) or Path(path).stem, path=path, ctx=f.get("ctx", int, lo=64),
-                       streams=f.get("streams", int, lo=1, hi=64), chunk=f.get("chunk", int, lo=16),
+    entry = ModelEntry(name=f.get("name", str) or Path(path).stem, path=path, ctx=f.get("ctx", int),
+                       streams=f.get("streams", int), chunk=f.get("chunk", int),  # bounds: the schema's, at load
                        kv_dtype=f.get("kv_dtype", str), chat_template=f.get("chat_template", str))
     default = f.get("default", bool, False)
     f.log_ignored()
     svc = request.app[SERVICE]
-    await svc.add_model(entry, make_default=default)
+    await svc.roster.add(entry, make_default=default)
     return web.json_response(next(m for m in svc.models() if m["id"] == entry.name))
 
 
@@ -104,7 +104,9 @@ async def reload_model(request: web.Request) -> web.Response:
     settings = {k: f.get(k, int) for k in ("ctx", "streams", "chunk")}
     kv_dtype = f.get("kv_dtype", str)
     f.log_ignored()
-    return web.json_response(await request.app[SERVICE].reload_model(name, kv_dtype=kv_dtype, **settings))
+    svc = request.app[SERVICE]
+    await svc.roster.reload(name, kv_dtype=kv_dtype, **settings)
+    return web.json_response(next(m for m in svc.models() if m["id"] == name))
 
 
 async def _model_name(request: web.Request, route: str) -> str:
@@ -118,7 +120,7 @@ async def _model_name(request: web.Request, route: str) -> str:
 @loopback_only
 async def unload_model(request: web.Request) -> web.Response:
     name = await _model_name(request, "models.unload")
-    await request.app[SERVICE].remove_model(name)
+    await request.app[SERVICE].roster.remove(name)
     return web.json_response({"unloaded": name})
 
 
@@ -126,10 +128,7 @@ async def unload_model(request: web.Request) -> web.Response:
 @loopback_only
 async def activate_model(request: web.Request) -> web.Response:
     name = await _model_name(request, "models.activate")
-    svc = request.app[SERVICE]
-    slot = svc.slot_for(name)  # 404 for an unknown model
-    svc.default_id = slot.id
-    return web.json_response({"default": slot.id})
+    return web.json_response({"default": request.app[SERVICE].roster.activate(name).id})  # 404 when unknown
 
 
 @routes.get("/config")
@@ -171,7 +170,7 @@ async def post_config(request: web.Request) -> web.Response:
     if save:
         if cfg.path is None:
             raise InvalidRequest("this server runs without a config file to save to", "save")
-        await asyncio.to_thread(save_authoritative, cfg.path, parsed, cfg.models)
+        await asyncio.to_thread(cfg.save, parsed)
         log.warning("config saved to %s over HTTP: %s (origin %s)", cfg.path, ", ".join(sorted(parsed)) or "nothing",
                     request.headers.get("Origin", "-"))
     return web.json_response({"valid": True, "saved": bool(save), "values": parsed,
@@ -181,7 +180,7 @@ async def post_config(request: web.Request) -> web.Response:
 @routes.get("/bench")
 async def bench_state(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
-    return web.json_response({**svc.bench_state, "history": svc.bench_history})
+    return web.json_response({**svc.bench.state, "history": svc.bench.history})
 
 
 @routes.post("/bench")
@@ -192,15 +191,15 @@ async def bench_start(request: web.Request) -> web.Response:
     model = f.get("model", str)
     f.log_ignored()
     svc = request.app[SERVICE]
-    slot = svc.begin_bench(model)  # 404, 409 (busy) or 503 (setup mode) here, before 202
+    m = svc.bench.begin(svc.roster.get(model))  # 404, 409 (busy) or 503 (setup mode) here, before 202
 
     async def go() -> None:
         try:
-            await svc.finish_bench(slot)
+            await svc.bench.finish(m)
         except Exception:  # recorded in bench_state as failed
             log.exception("benchmark failed")
-    svc.bench_task = asyncio.create_task(go())  # kept referenced while it runs
-    return web.json_response(svc.bench_state, status=202)
+    svc.bench.task = asyncio.create_task(go())  # kept referenced while it runs
+    return web.json_response(svc.bench.state, status=202)
 
 
 def _lifecycle(request: web.Request):

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import time
 from typing import Any, AsyncIterator
 
@@ -11,8 +10,8 @@ import numpy as np
 from aiohttp import web
 
 from engine.errors import EngineError, ModelNotFound
-from engine.service import Generation
-from engine.tools import Event, OutputParser, assemble
+from engine.core.generation import Generation
+from engine.tools import Event, ReplyReader, assemble
 from server import schemas, sse
 from server.errors import sse_error_event
 from server.keys import SERVICE
@@ -51,21 +50,6 @@ def _usage(gens: list[Generation]) -> dict:
 def _envelope(gen: Generation, cid: str, obj: str, choices: list[dict]) -> dict:
     return {"id": cid, "object": obj, "created": gen.created, "model": gen.model, "system_fingerprint": None,
             "choices": choices}
-
-
-async def _start(call, req, n: int) -> list[Generation]:
-    """Submit req n times through call (the facade's chat or complete), seeds seed, seed+1, ... when given."""
-    gens: list[Generation] = []
-    seed = req.sampling.seed
-    try:
-        for i in range(n):
-            sampling = dataclasses.replace(req.sampling, seed=None if seed is None else seed + i)
-            gens.append(await call(dataclasses.replace(req, sampling=sampling)))
-    except BaseException:
-        for g in gens:
-            g.cancel()
-        raise
-    return gens
 
 
 async def _fan_in(gens: list[Generation]) -> AsyncIterator[tuple[int, str | None]]:
@@ -135,29 +119,17 @@ async def _sse(request: web.Request, gens: list[Generation], opts: schemas.Strea
 class _ChatChoice:
     """Turns one generation's text into message fields (content, reasoning, tool calls)."""
 
-    def __init__(self, gen: Generation, parallel_tool_calls: bool):
+    def __init__(self, gen: Generation):
         self.gen = gen
-        self.parallel = parallel_tool_calls
-        self.parser = OutputParser(gen.tool_format, gen.tools_active, gen.reasoning, gen.in_reasoning,
-                                   stream_calls=gen.constrained_calls) \
-            if gen.tools_active or gen.reasoning else None
-        self.calls = 0  # calls started so far
-        self.skipping = False  # inside a call dropped by parallel_tool_calls=false
+        self.reader = ReplyReader(gen.reading)
+        self.parser = self.reader.parser  # None: plain text, no parsing
+
+    @property
+    def calls(self) -> int:
+        return self.reader.calls
 
     def events(self, text: str | None) -> list[Event]:
-        """Parsed events for new text (None: the generation ended), calls beyond the first dropped
-        when parallel_tool_calls is false."""
-        events = self.parser.feed(text) if text is not None else self.parser.finish()
-        out = []
-        for e in events:
-            if e.kind in ("tool_call", "tool_call_start"):
-                self.skipping = bool(self.calls) and not self.parallel
-                if not self.skipping:
-                    self.calls += 1
-            if self.skipping and e.kind in ("tool_call", "tool_call_start", "tool_args", "tool_call_end"):
-                continue
-            out.append(e)
-        return out
+        return self.reader.events(text)
 
     def deltas(self, text: str | None) -> list[dict]:
         """Chat deltas for new text (None: the generation ended)."""
@@ -200,9 +172,9 @@ class _ChatChoice:
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req, opts = schemas.chat_request(await schemas.read_json(request))
-    gens = await _start(request.app[SERVICE].chat, req, opts.n)
+    gens = await request.app[SERVICE].chat(req, opts.n)
     cid = f"chatcmpl-{gens[0].id}"
-    choices = [_ChatChoice(g, opts.parallel_tool_calls) for g in gens]
+    choices = [_ChatChoice(g) for g in gens]
     if opts.stream:
         return await _chat_stream(request, gens, choices, opts, cid)
     try:
@@ -261,7 +233,7 @@ def _completion_logprobs(entries: list[dict], offset: int) -> dict:
 @routes.post("/v1/completions")
 async def completions(request: web.Request) -> web.StreamResponse:
     req, opts = schemas.completion_request(await schemas.read_json(request))
-    gens = await _start(request.app[SERVICE].complete, req, opts.n)
+    gens = await request.app[SERVICE].complete(req, opts.n)
     cid = f"cmpl-{gens[0].id}"
     prefix = req.prompt if req.echo and isinstance(req.prompt, str) else ""
     if opts.stream:

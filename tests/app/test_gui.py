@@ -243,7 +243,7 @@ def test_per_model_settings_reload_the_model(gui, assets):
         await changed
         c = card("all-MiniLM-L6-v2-f16")
         c.settings_button.click()
-        slot = gui.host.service.slots["all-MiniLM-L6-v2-f16"]
+        slot = gui.host.service.roster.loaded["all-MiniLM-L6-v2-f16"]
         assert c.settings.isVisibleTo(panel) and (c.streams.value(), c.ctx.value()) == (slot.settings.streams, slot.ctx)
         chosen = 2 if slot.settings.streams != 2 else 1
         c.streams.setValue(chosen)
@@ -252,7 +252,7 @@ def test_per_model_settings_reload_the_model(gui, assets):
         c.apply.click()
         await changed
         shown = (card("all-MiniLM-L6-v2-f16").values["streams"].text(), chosen,
-                 gui.host.service.slots["all-MiniLM-L6-v2-f16"].settings.streams)
+                 gui.host.service.roster.loaded["all-MiniLM-L6-v2-f16"].settings.streams)
         changed = next_signal(gui.bridge.models_changed)
         await gui.bridge.unload_model("all-MiniLM-L6-v2-f16")
         await changed
@@ -333,7 +333,7 @@ def test_chat_mic_fills_the_input_and_speaker_reads_the_reply(gui):
 
 
 def test_catalog_panel_lists_filters_and_badges(gui):
-    from engine.catalog import load_catalog
+    from engine.catalog.entries import load_catalog
     panel = gui.window.panels["Catalog"]
     gui.window.show_panel("Catalog")
     entries = load_catalog()

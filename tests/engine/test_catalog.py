@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.catalog import Entry, KINDS, default_catalog_path, fit_badge, load_catalog, local_state, memory_needed, \
+from engine.catalog.entries import Entry, KINDS, default_catalog_path, fit_badge, load_catalog, local_state, memory_needed, \
     validate
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.catalog import Entry, local_state
-from engine.downloads import Downloader, extract_safely, DownloadError
+from engine.catalog.entries import Entry, local_state
+from engine.catalog.downloads import Downloader, extract_safely, DownloadError
 from tests.fileserver import Faults, FileServer
 
 DATA = os.urandom(3 * 2**20 + 12345)
@@ -142,8 +142,8 @@ def test_queue_runs_one_at_a_time(tmp_path, files):
 
 RESTART_SCRIPT = """
 import asyncio, sys
-from engine.catalog import Entry
-from engine.downloads import Downloader
+from engine.catalog.entries import Entry
+from engine.catalog.downloads import Downloader
 e = Entry(name="m", kind="llm", file="m.gguf", url="https://example.invalid/m", sha256=sys.argv[3], size=int(sys.argv[4]))
 async def main():
     dl = Downloader(sys.argv[1], mirror=sys.argv[2])

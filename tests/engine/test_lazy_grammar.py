@@ -33,7 +33,7 @@ def test_lazy_grammar_constrains_only_after_the_opener(assets, tmp_path):
         try:
             sampling = SamplingParams(temperature=0, max_tokens=60, grammar=plan.grammar,
                                       grammar_triggers=plan.grammar_triggers)
-            gen = await svc.complete(CompletionRequest(None, PROMPT, sampling))
+            gen, = await svc.complete(CompletionRequest(None, PROMPT, sampling))
             return await gen.text(), gen.finish_reason
         finally:
             await svc.stop()
@@ -48,7 +48,8 @@ def test_lazy_grammar_constrains_only_after_the_opener(assets, tmp_path):
 
 def test_every_family_grammar_is_accepted_by_llama_cpp(assets):
     from engine.llama import LlamaModel, SamplerChain
-    from engine.tools import FORMATS, schema_grammar
+    from engine.config import TOOL_FORMATS as FORMATS
+    from engine.tools import schema_grammar
     model = LlamaModel(assets["tiny"])
     try:
         tools = TOOLS + [{"type": "function", "function": {"name": "get_time", "parameters": {

@@ -1,7 +1,8 @@
 """The scheduling policy, driven by a fake runner (no llama.cpp)."""
 from __future__ import annotations
 
-from engine.scheduler import Scheduler, Stream, StreamState
+from engine.core.request import Request as Stream, RequestState as StreamState
+from engine.core.scheduler import Scheduler
 
 
 class FakeRunner:
@@ -115,4 +116,4 @@ def test_cancel_while_queued_or_running():
     sched.finish(second)  # still queued
     assert second.state is StreamState.DONE and not sched.waiting
     sched.finish(first)
-    assert sched.idle and sched.free_seqs == [0]
+    assert not sched.waiting and not sched.running and sched.free_seqs == [0]

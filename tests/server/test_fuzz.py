@@ -456,7 +456,7 @@ def _restore_roster(srv, path: str, r: Reply) -> None:
     if SPARE not in served:
         r = post_json(srv, "/v1/models/load", {"path": str(srv.tiny), "name": SPARE, "ctx": 2048, "streams": 2})
         assert r.status == 200, r.body
-    if srv.service.default_id != DEFAULT:
+    if srv.service.roster.default_id != DEFAULT:
         assert post_json(srv, "/v1/models/activate", {"model": DEFAULT}).status == 200
 
 
@@ -537,10 +537,9 @@ WAVS = [_wav(0.3), _wav(0.2, 8000, 2), _wav(0.5, tone=False), _wav(0.0), _wav(0.
 LYING_WAV = WAVS[0][:40] + struct.pack("<I", 2**31) + WAVS[0][44:]  # a data chunk claiming 2 GB
 FILES = weighted((6, st.sampled_from(WAVS)), (2, st.binary(max_size=300)), (1, st.none()),
                  (1, st.sampled_from([LYING_WAV, WAVS[0][:30], WAVS[0][:100], b"", b"RIFF" + b"\x00" * 40])))
-# "model[]" and "stream[]" are left out while they are known 500s (test_known_defects)
 FORM_NAMES = weighted((5, st.sampled_from(["model", "response_format", "language", "stream", "prompt", "temperature",
                                         "timestamp_granularities[]", "response_format[]", "language[]", "file[]",
-                                        "prompt[]"])), (1, st.text(max_size=6)))
+                                        "prompt[]", "model[]", "stream[]"])), (1, st.text(max_size=6)))
 FORM_VALUES = weighted(
     (6, st.sampled_from(["whisper-1", "json", "text", "srt", "vtt", "verbose_json", "xml", "en", "de", "true",
                          "false", "maybe", "0.5", "NaN", ""]).map(str.encode)),
@@ -590,31 +589,27 @@ def test_fuzz_multipart_routes(server, route, form):
     fuzz(server, route, raw)
 
 
-# ---- known defects in files this module does not own ----------------------------------------------
+# ---- defects this fuzz found, fixed since -------------------------------------------------------
 
 def _form(*fields: tuple[str, str]) -> Raw:
     return Form([(k, v.encode()) for k, v in fields], WAVS[0], 0).encode()
 
 
 @pytest.mark.parametrize("path, raw", [
+    # json.loads raises a plain ValueError for an integer literal over Python's 4300-digit limit (was a 500)
     pytest.param("/v1/chat/completions", Raw(b'{"messages": [{"role": "user", "content": "hi"}], "seed": 1'
-                                             + b"0" * 5000 + b"}"),
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "server/schemas.py read_json: json.loads raises a plain ValueError (not JSONDecodeError) for "
-                     "an integer literal over Python's 4300-digit limit, which is not caught: a 500")),
-                 id="integer-over-4300-digits"),
-    pytest.param("/v1/audio/transcriptions", _form(("model[]", "whisper-1")),
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "server/routes/audio.py: a form field 'model[]' reads as a list; _asr() tests it for "
-                     "membership in a set: TypeError unhashable type 'list', a 500")), id="form-model-list"),
-    pytest.param("/v1/audio/transcriptions", _form(("stream[]", "true")),
-                 marks=pytest.mark.xfail(strict=True, reason=(
-                     "server/routes/audio.py: a form field 'stream[]' reads as a list; _transcribe() calls "
-                     ".strip() on it: AttributeError, a 500")), id="form-stream-list"),
+                                             + b"0" * 5000 + b"}"), id="integer-over-4300-digits"),
+    # a form field 'model[]' or 'stream[]' read as a list (TypeError / AttributeError: 500s)
+    pytest.param("/v1/audio/transcriptions", _form(("model[]", "whisper-1")), id="form-model-list"),
+    pytest.param("/v1/audio/transcriptions", _form(("stream[]", "true")), id="form-stream-list"),
+    pytest.param("/v1/audio/transcriptions", _form(("model", "whisper-1"), ("model", "whisper-1")),
+                 id="form-field-twice"),
 ])
-def test_known_defects(server, path, raw):
-    """Found by this fuzz in files this module does not own; the owner removes the mark with the fix."""
-    check(send(server, path, raw.data, raw.content_type), path)
+def test_found_defects(server, path, raw):
+    """Each was a 500 before its fix."""
+    r = send(server, path, raw.data, raw.content_type)
+    check(r, path)
+    assert 400 <= r.status < 500
 
 
 # ---- content types, and the server afterwards ---------------------------------------------------

@@ -31,14 +31,14 @@ def server(assets, tmp_path_factory):
     srv.stop()
 
 
-def _slot(server):
-    return server.service.slots[MODEL]
+def _model(server):
+    return server.service.roster.loaded[MODEL]
 
 
 def _idle(server) -> None:
     """Every request has ended and given its place back."""
     deadline = time.monotonic() + 30
-    while _slot(server).outstanding or _slot(server).live_streams():
+    while _model(server).outstanding or _model(server).live_requests():
         assert time.monotonic() < deadline, "a request kept its place"
         time.sleep(0.02)
     stats = server.get("/v1/stats")
@@ -99,7 +99,7 @@ def test_forty_penalty_requests_leak_no_place(server):
 @pytest.mark.parametrize("token", ["100000000000000000000000", "-1", "-5", "n_vocab", "9999999"])
 @pytest.mark.parametrize("temperature", [0, 1.0])
 def test_logit_bias_outside_the_vocabulary_is_a_400(server, token, temperature):
-    n_vocab = _slot(server).model.n_vocab
+    n_vocab = _model(server).model.n_vocab
     token = str(n_vocab) if token == "n_vocab" else token
     status, out = call(server, "POST", "/v1/chat/completions", {"messages": MESSAGES, "temperature": temperature,
                                                                 "logit_bias": {token: 1}})
@@ -148,7 +148,7 @@ def _gate(server) -> threading.Event:
     def hold() -> None:
         held.set()
         release.wait(30)
-    server.service._worker.call(hold)
+    server.service.worker.call(hold)
     assert held.wait(10)
     return release
 
@@ -156,7 +156,7 @@ def _gate(server) -> threading.Event:
 def test_a_failing_tick_ends_its_streams_and_the_next_request_is_answered(server):
     """Streams running, queued and still in the inbox when a tick raises: each gets an error, none keeps a
     place, the thread lives on (this once killed it: ValueError ending an inbox stream)."""
-    slot = _slot(server)
+    runner = _model(server).runner
     errors_before = server.get("/v1/stats")["scheduler"]["tick_errors"]
 
     async def scenario() -> list:
@@ -170,20 +170,20 @@ def test_a_failing_tick_ends_its_streams_and_the_next_request_is_answered(server
                 return e
         running = [asyncio.ensure_future(one()) for _ in range(3)]  # 1 decoding, 2 queued (streams = 1)
         deadline = time.monotonic() + 30
-        while not (len(slot.scheduler.running) == 1 and len(slot.scheduler.waiting) == 2):
+        while not (len(runner.scheduler.running) == 1 and len(runner.scheduler.waiting) == 2):
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
         release = await asyncio.to_thread(_gate, server)
         inbox = [asyncio.ensure_future(one()) for _ in range(2)]
-        while len(slot.inbox) < 2:
+        while len(runner.inbox) < 2:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.01)
-        real_step = slot.step
+        real_step = runner.step
 
         def faulty(out):  # once, before the tick takes the inbox
-            slot.step = real_step
+            runner.step = real_step
             raise _Injected("injected")
-        slot.step = faulty
+        runner.step = faulty
         release.set()
         results = await asyncio.gather(*running, *inbox)
         await client.close()
@@ -200,19 +200,19 @@ def test_a_failing_tick_ends_its_streams_and_the_next_request_is_answered(server
 
 
 class _LoopFault(BaseException):
-    """Not an Exception: escapes the per-slot handler and fails the whole loop."""
+    """Not an Exception: escapes the per-model handler and fails the whole loop."""
 
 
 def test_a_failing_scheduler_loop_is_restarted(server):
-    slot = _slot(server)
+    runner = _model(server).runner
     before = server.get("/v1/stats")["scheduler"]["restarts"]
     release = _gate(server)
-    real_step = slot.step
+    real_step = runner.step
 
     def faulty(out):
-        slot.step = real_step
+        runner.step = real_step
         raise _LoopFault()
-    slot.step = faulty
+    runner.step = faulty
     release.set()
     reply = server.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3)
     assert reply.choices[0].finish_reason in ("length", "stop")

@@ -56,12 +56,10 @@ class BenchmarkPanel(QWidget):
         self.refresh()
 
     def refresh(self) -> None:
-        svc = self.bridge.service
         self.model.clear()
-        if svc is not None:
-            for m in svc.models():
-                if m["kind"] == "llm":
-                    self.model.addItem(m["id"])
+        for m in self.bridge.models():
+            if m["kind"] == "llm":
+                self.model.addItem(m["id"])
 
     def run(self) -> None:
         if self.model.currentText():

@@ -6,7 +6,7 @@ from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
                                QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
-from engine.catalog import KINDS
+from engine.catalog.entries import KINDS
 
 COLUMNS = ["name", "kind", "family", "size", "fit", "license", "on disk", "download"]
 
@@ -64,13 +64,12 @@ class CatalogPanel(QWidget):
             self.refresh()
 
     def refresh(self) -> None:
-        svc = self.bridge.service
-        if svc is None:
-            return
         try:
-            doc = svc.catalog()
+            doc = self.bridge.catalog()
         except Exception as e:  # a broken catalog file must not take the window down
             self.box.setText(f"catalog unavailable: {e}")
+            return
+        if doc is None:
             return
         self.entries = doc["entries"]
         b = doc["box"]
@@ -122,24 +121,15 @@ class CatalogPanel(QWidget):
         name = self.selected_name()
         if not name:
             return
-        svc = self.bridge.service
         if action == "download":
-            self.bridge.spawn(_call(svc.download, name))
+            self.bridge.download(name)
         elif action == "cancel":
-            svc.cancel_download(name)
+            self.bridge.cancel_download(name)
         else:
-            async def serve() -> None:
-                await svc.serve(name)
-                self.bridge.models_changed.emit()
-                self.bridge.notice.emit(f"serving {name}")
-            self.bridge.spawn(serve())
+            self.bridge.serve(name)
         self.refresh()
 
     def show_folder(self) -> None:
-        svc = self.bridge.service
-        if svc is not None:
-            QDesktopServices.openUrl(QUrl.fromLocalFile(str(svc.config.models_dir())))
-
-
-async def _call(fn, *args):
-    return fn(*args)
+        folder = self.bridge.models_dir()
+        if folder is not None:
+            QDesktopServices.openUrl(QUrl.fromLocalFile(folder))

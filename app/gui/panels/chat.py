@@ -201,12 +201,9 @@ class ChatPanel(QWidget):
         self.render()
 
     def on_models_changed(self) -> None:
-        svc = self.bridge.service
         current = self.model.currentData()
         self.model.clear()
-        if svc is None:
-            return
-        for m in svc.models():
+        for m in self.bridge.models():
             if m["kind"] == "llm":  # speech and embedding models do not chat
                 self.model.addItem(m["id"] + (" (default)" if m["default"] else ""), m["id"])
         idx = self.model.findData(current)

@@ -9,7 +9,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLineEdit, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from engine import llama
-from engine.service import VERSION, hardware_line
+from engine.system import VERSION, hardware_line
 
 LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 

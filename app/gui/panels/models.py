@@ -140,10 +140,9 @@ class ModelsPanel(QWidget):
             w = self.cards.takeAt(0).widget()
             if w:
                 w.deleteLater()
-        svc = self.bridge.service
-        if svc is None:
+        if not self.bridge.running:
             return
-        models = svc.models()
+        models = self.bridge.models()
         if not models:
             self.cards.addWidget(QLabel("No model is served yet: open a GGUF, or download one in the Catalog."))
         for m in models:

@@ -102,12 +102,11 @@ class SpeechPanel(QWidget):
         self.refresh()
 
     def refresh(self) -> None:
-        svc = self.bridge.service
-        tts = svc.tts if svc else None
-        asr = svc.asr if svc else None
+        served = self.bridge.speech_models()
+        tts, asr = served["tts"], served["asr"]
         self.voice.clear()
         if tts is not None:
-            self.voice.addItems(tts.model.voices + [v for v in OPENAI_VOICES])
+            self.voice.addItems(tts + [v for v in OPENAI_VOICES])
         for w in (self.speak_button, self.save_button, self.voice):
             w.setEnabled(tts is not None)
         for w in (self.open_button, self.use_speech_button):

@@ -21,7 +21,7 @@ from typing import Callable
 
 import aiohttp
 
-from engine.catalog import Entry, sidecar_path
+from engine.catalog.entries import Entry, sidecar_path
 from engine.errors import Conflict, EngineError
 
 log = logging.getLogger("llamadesk.downloads")

@@ -10,8 +10,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.config import TOOL_FORMATS
+
 KINDS = ("llm", "embedding", "asr", "tts", "vad", "mmproj")
-TOOL_FORMATS = ("hermes", "llama_json", "mistral", "harmony", "gemma", "generic")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # KV cache bytes relative to f16, per --kv-dtype.
 KV_FACTOR = {"f16": 1.0, "q8_0": 34 / 64, "q4_0": 18 / 64}
@@ -60,7 +61,7 @@ class Entry:
 
 def default_catalog_path() -> Path:
     """resources/catalog.toml shipped with llamadesk."""
-    return Path(__file__).resolve().parent.parent / "resources" / "catalog.toml"
+    return Path(__file__).resolve().parents[2] / "resources" / "catalog.toml"
 
 
 def load_catalog(path: Path | None = None) -> list[Entry]:

@@ -1,0 +1,135 @@
+"""The catalog as a user meets it: entries with what is on disk and whether each fits, downloads one at a
+time, serving a downloaded entry in process, importing a GGUF from disk."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from engine import llama
+from engine.catalog import entries as cat
+from engine.catalog.downloads import Downloader
+from engine.config import Config, ModelEntry
+from engine.errors import Conflict, InvalidRequest, ModelNotFound
+from engine.models.manager import ModelManager
+from engine.speech.manager import SpeechManager
+
+log = logging.getLogger("llamadesk.engine")
+
+
+class CatalogService:
+    """The curated catalog over models_dir, its downloader, and serving its entries."""
+
+    def __init__(self, config: Config, roster: ModelManager, speech: SpeechManager,
+                 refuse_while_benching: Callable[[str], None]):
+        self.config = config
+        self.roster = roster
+        self.speech = speech
+        self._not_benching = refuse_while_benching
+        self._entries: list[cat.Entry] | None = None
+        self.downloader: Downloader | None = None
+
+    def start(self) -> None:
+        self.downloader = Downloader(self.config.models_dir(), mirror=self.config.catalog_mirror)
+
+    async def close(self) -> None:
+        if self.downloader:
+            await self.downloader.close()
+
+    def entries(self) -> list[cat.Entry]:
+        """The catalog (shipped, or catalog_path), read once."""
+        if self._entries is None:
+            path = Path(self.config.catalog_path).expanduser() if self.config.catalog_path else None
+            self._entries = cat.load_catalog(path)
+        return self._entries
+
+    def entry(self, name: str) -> cat.Entry:
+        for e in self.entries():
+            if e.name == name:
+                return e
+        raise ModelNotFound(f"'{name}' is not in the catalog", "name")
+
+    def listing(self) -> dict[str, Any]:
+        """Every entry with what is on disk, its fit badge and its download state; the box facts."""
+        c = self.config
+        models_dir = c.models_dir()
+        box = cat.box_facts()
+        downloads = self.downloader.downloads if self.downloader else {}
+        out = []
+        for e in self.entries():
+            d = cat.describe(e, models_dir, c.ctx, c.streams, c.kv_dtype, box)
+            d["download"] = downloads[e.name].as_dict() if e.name in downloads else None
+            d["served"] = e.name in self.roster.loaded
+            out.append(d)
+        return {"box": box, "models_dir": str(models_dir), "entries": out,
+                "local": cat.unknown_local_ggufs(self.entries(), models_dir)}
+
+    def download(self, name: str, tower: str | None = None) -> dict[str, Any]:
+        """Queue the entry (or, with tower, that tower of the entry) for download."""
+        self._not_benching("start a download")
+        e = self.entry(name)
+        if tower is not None:
+            if tower not in e.towers:
+                raise InvalidRequest(f"'{name}' has no tower '{tower}'; its towers: {', '.join(e.towers) or 'none'}",
+                                     "tower")
+            e = self.entry(tower)
+        return self.downloader.enqueue(e).as_dict()
+
+    def cancel(self, name: str) -> bool:
+        """Cancel a queued or running download (False when there is none)."""
+        return self.downloader.cancel(name)
+
+    async def serve(self, name: str) -> dict[str, Any]:
+        """Serve a downloaded catalog entry now, in process: an LLM or embedding model joins the roster as
+        the default (with its speech towers already on disk wired in), an ASR or TTS model replaces the
+        speech model; the result is saved as the authoritative config, so the next start serves it too."""
+        e = self.entry(name)
+        if e.kind not in ("llm", "embedding", "asr", "tts"):
+            raise InvalidRequest(f"'{name}' is a {e.kind} model: it is served as a tower of another entry",
+                                 "name")
+        path = self._downloaded(e)
+        values: dict[str, Any] = {}
+        if e.kind in ("asr", "tts"):
+            await self.speech.replace(e.kind, path)
+            values[e.kind] = path
+        else:
+            entry = ModelEntry(name=e.name, path=path, default=True)
+            if name not in self.roster.loaded:
+                await self.roster.add(entry, make_default=True)
+            self.roster.make_default_entry(entry)
+        towers = []
+        for t in (self.entry(t) for t in e.towers):
+            state = cat.local_state(t, self.config.models_dir())
+            wired = False
+            if t.kind in ("asr", "tts") and state["state"] in ("verified", "present"):
+                await self.speech.replace(t.kind, state["path"])
+                values[t.kind] = state["path"]
+                wired = True
+            # an mmproj (vision) tower is kept on disk: serving images needs the vision engine
+            towers.append({"name": t.name, "kind": t.kind, "local": state["state"], "wired": wired})
+        await asyncio.to_thread(self.config.save, values, True)
+        return {"served": name, "kind": e.kind, "default": e.kind in ("llm", "embedding"),
+                "config": str(self.config.path), "towers": towers}
+
+    def _downloaded(self, e: cat.Entry) -> str:
+        state = cat.local_state(e, self.config.models_dir())
+        if state["state"] not in ("verified", "present"):
+            raise Conflict(f"'{e.name}' is not downloaded yet ({state['state']}): POST /catalog/download first")
+        return state["path"]
+
+    async def import_gguf(self, path: str) -> dict[str, Any]:
+        """Copy a GGUF from disk into models_dir so the catalog lists it (checked to be a GGUF first)."""
+        src = Path(path).expanduser()
+        llama.check_gguf(src)
+        dest_dir = self.config.models_dir()
+        dest = dest_dir / src.name
+        if dest.exists():
+            raise Conflict(f"{dest} already exists")
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".importing")
+        await asyncio.to_thread(shutil.copyfile, src, tmp)
+        os.replace(tmp, dest)
+        return {"name": dest.stem, "path": str(dest), "size": dest.stat().st_size}

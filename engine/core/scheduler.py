@@ -1,0 +1,141 @@
+"""The policy: which requests run in the next decode and how many prompt tokens each prefills.
+
+Pure bookkeeping, no llama.cpp calls: engine/core/runner.py runs what `schedule()` returns and reports
+back with `advance()`. Tested with a fake runner in tests/engine/test_scheduler.py.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.core.request import Request, RequestState
+
+
+@dataclass
+class Step:
+    """One tick's plan: one token for each decoding request, and prompt slices to prefill."""
+
+    decode: list[Request]
+    prefill: list[tuple[Request, int]]
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.decode) + sum(n for _, n in self.prefill)
+
+    @property
+    def streams(self) -> int:
+        return len(self.decode) + len(self.prefill)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Scheduler:
+    """Waiting and running requests over n_seq KV sequences, with a prefill budget per tick."""
+
+    def __init__(self, n_seq: int, chunk: int):
+        self.n_seq = n_seq
+        self.chunk = chunk
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.free_seqs: list[int] = list(range(n_seq))
+        # What each sequence's KV holds: a finished request's tokens stay for prefix reuse.
+        self.seq_tokens: list[list[int]] = [[] for _ in range(n_seq)]
+
+    def add(self, req: Request) -> None:
+        """Queue a new request (its n > 1 choices ride along with it)."""
+        for r in req.family:
+            r.state = RequestState.QUEUED
+        self.waiting.append(req)
+
+    def admit(self) -> list[tuple[Request, int]]:
+        """Give free sequences to waiting requests, FIFO; return (request, tokens kept from the cache).
+
+        Each request takes the free sequence whose cached tokens share the longest prefix with its
+        prompt; at least the prompt's last token is always recomputed, for its logits. A request with
+        n > 1 choices waits until a sequence is free for each: the others take the sequences whose
+        cache is worth least and get the first one's KV once its prompt is in (fork).
+        """
+        admitted = []
+        while self.waiting and len(self.free_seqs) >= len(self.waiting[0].family):
+            r = self.waiting.popleft()
+            best = max(self.free_seqs, key=lambda q: common_prefix(self.seq_tokens[q], r.prompt))
+            keep = min(common_prefix(self.seq_tokens[best], r.prompt), len(r.prompt) - 1)
+            self._take(r, best)
+            del self.seq_tokens[best][keep:]
+            r.num_cached_tokens = r.reused_tokens = keep
+            for child in r.family[1:]:
+                self._take(child, min(self.free_seqs, key=lambda q: len(self.seq_tokens[q])))
+            admitted.append((r, keep))
+        return admitted
+
+    def _take(self, r: Request, seq: int) -> None:
+        self.free_seqs.remove(seq)
+        r.seq = seq
+        r.state = RequestState.PREFILL
+        self.running.append(r)
+
+    def schedule(self) -> Step:
+        """Plan the next decode: every decoding request, plus prompt slices within the chunk budget (choices
+        waiting for their first one's prompt prefill nothing)."""
+        decode = [r for r in self.running if r.state is RequestState.DECODE]
+        prefill = []
+        budget = self.chunk
+        for r in self.running:
+            if budget <= 0:
+                break
+            if r.state is RequestState.PREFILL and r.parent is None:
+                n = min(r.prompt_left, budget)
+                prefill.append((r, n))
+                budget -= n
+        return Step(decode, prefill)
+
+    def advance(self, step: Step) -> None:
+        """Record that step was decoded: the fed tokens are now in each sequence's KV."""
+        for r in step.decode:
+            self.seq_tokens[r.seq].append(r.generated[-1])
+            r.num_cached_tokens += 1
+        for r, n in step.prefill:
+            start = r.num_cached_tokens
+            self.seq_tokens[r.seq].extend(r.prompt[start:start + n])
+            r.num_cached_tokens += n
+
+    def prompt_done(self, req: Request) -> bool:
+        """Whether the request's whole prompt is in the KV (its next logits give the first token)."""
+        return req.num_cached_tokens >= len(req.prompt)
+
+    def fork(self, parent: Request) -> list[Request]:
+        """The parent's prompt is in: its waiting choices now hold the same KV (the runner copies it) and
+        sample their first token from the same logits. Returns the choices forked."""
+        forked = [c for c in parent.children if c.state is RequestState.PREFILL]
+        for c in forked:
+            self.seq_tokens[c.seq] = list(self.seq_tokens[parent.seq])
+            c.num_cached_tokens = parent.num_cached_tokens
+            c.reused_tokens = parent.reused_tokens
+        return forked
+
+    def start_decoding(self, req: Request) -> None:
+        """The first token was sampled: from now on the request decodes one token per tick."""
+        req.state = RequestState.DECODE
+
+    def finish(self, req: Request) -> None:
+        """Retire a request; its sequence becomes free and keeps its KV for prefix reuse. A request the
+        scheduler never took (INBOX), or one already retired, is only marked done."""
+        if req.state is RequestState.QUEUED:
+            if req in self.waiting:
+                self.waiting.remove(req)
+        elif req in self.running:
+            self.running.remove(req)
+            if req.seq not in self.free_seqs:
+                self.free_seqs.append(req.seq)
+        req.state = RequestState.DONE
+
+    def forget(self, seq: int) -> None:
+        """The sequence's KV was cleared (e.g. after a failed decode): nothing cached there."""
+        self.seq_tokens[seq].clear()

@@ -1,0 +1,54 @@
+"""What this process and machine are: version, resident memory, the hardware line; and the one
+percentile summary every latency counter uses."""
+from __future__ import annotations
+
+import os
+import platform
+
+import numpy as np
+
+from engine import llama
+
+VERSION = "0.1.0"
+
+
+def percentiles(vals) -> dict[str, float]:
+    """avg, p50 and p95 of vals (linear interpolation between ranks, as numpy does); zeros when empty."""
+    vals = list(vals)
+    if not vals:
+        return {"avg": 0.0, "p50": 0.0, "p95": 0.0}
+    p50, p95 = np.percentile(vals, [50, 95])
+    return {"avg": round(float(np.mean(vals)), 2), "p50": round(float(p50), 2), "p95": round(float(p95), 2)}
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+_hardware: str | None = None
+
+
+def hardware_line() -> str:
+    """One line naming the CPU, core count, memory and llama.cpp's CPU features."""
+    global _hardware
+    if _hardware is None:
+        cpu = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+        except OSError:
+            pass
+        mem = ""
+        try:
+            mem = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM"
+        except (ValueError, OSError, AttributeError):
+            pass
+        feats = [p.split("=")[0].strip() for p in llama.system_info().split("|") if p.strip().endswith("= 1")]
+        _hardware = f"{cpu}, {os.cpu_count()} cores{mem}; llama.cpp: {' '.join(feats)}"
+    return _hardware
