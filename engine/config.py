@@ -89,6 +89,11 @@ SCHEMA: tuple[Option, ...] = (
     Option("threads", int, 0, "CPU threads for llama.cpp (0 = one per core)", short="-t", minimum=0, maximum=1024),
     Option("chunk", int, 512, "largest prefill slice per scheduler tick, in tokens", minimum=16, maximum=1 << 16),
     Option("kv_dtype", str, "f16", "KV cache element type", choices=KV_DTYPES),
+    Option("kv_unified", bool, True, "one KV cell pool per model that all its streams draw from, so streams share "
+           "a common prefix's cells; off: each stream owns ctx cells"),
+    Option("cache_ram", int, -1, "host-RAM prompt cache per model, in MiB: KV states of conversations evicted from "
+           "the KV, restored when they come back (-1: an eighth of the RAM, at most 8192; 0: off)", minimum=-1,
+           maximum=1 << 20),
     Option("gpu", str, "auto", "offload layers to a GPU when llama.cpp has one", choices=("auto", "off")),
     Option("models_dir", str, None, "where downloaded models live (default: the user data dir)"),
     Option("asr", str, None, "speech-to-text model directory (whisper, moonshine, NeMo, SenseVoice, Paraformer)"),

@@ -227,12 +227,15 @@ class BatchContext(_Context):
     """A generation context with one KV sequence per stream, decoded one batch per tick."""
 
     def __init__(self, model: LlamaModel, n_seq: int, ctx_per_seq: int, n_batch: int, threads: int,
-                 kv_dtype: str):
+                 kv_dtype: str, unified: bool = True):
         extra = {"flash_attn_type": 1} if kv_dtype != "f16" else {}  # a quantized V cache needs flash attention
-        # kv_unified off: each stream owns ctx_per_seq cells, so one long stream cannot starve the rest
+        # unified: one pool of ctx_per_seq x n_seq cells that every sequence draws from, so sequences can share
+        # a prefix's cells (llama_memory_seq_cp is then bookkeeping, no copy); the scheduler keeps each
+        # sequence within ctx_per_seq, so the pool never runs out. Not unified: each sequence owns its cells.
         super().__init__(model, "a context", n_ctx=ctx_per_seq * n_seq, n_batch=n_batch, n_seq=n_seq,
-                         threads=threads, type_k=KV_TYPES[kv_dtype], type_v=KV_TYPES[kv_dtype], kv_unified=False,
+                         threads=threads, type_k=KV_TYPES[kv_dtype], type_v=KV_TYPES[kv_dtype], kv_unified=unified,
                          **extra)
+        self.unified = unified
         self.n_batch = n_batch
         self.n_seq = n_seq
         self.n_vocab = model.n_vocab
@@ -291,9 +294,30 @@ class BatchContext(_Context):
         L.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
     def copy_seq(self, src: int, dst: int) -> None:
-        """Make dst hold what src holds (n > 1 choices sharing one prompt). Each sequence has its own KV
-        stream here, so llama.cpp copies the whole buffer, at the start of the next decode."""
+        """Make dst hold what src holds (n > 1 choices sharing one prompt): in a unified pool dst shares
+        src's cells; with a KV stream per sequence llama.cpp copies the whole buffer before the next decode."""
         L.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+
+    def attach(self, src: int, dst: int, n: int) -> None:
+        """dst holds the first n positions of src, and nothing else (unified pool only: shared cells)."""
+        L.llama_memory_seq_rm(self.mem, dst, -1, -1)
+        L.llama_memory_seq_cp(self.mem, src, dst, 0, n)
+
+    def save_seq(self, seq: int) -> bytes:
+        """A sequence's KV state, to restore into any sequence later (the host-RAM prompt cache)."""
+        size = L.llama_state_seq_get_size(self.ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        n = L.llama_state_seq_get_data(self.ctx, buf, size, seq)
+        return bytes(memoryview(buf)[:n])
+
+    def restore_seq(self, seq: int, data: bytes) -> bool:
+        """Load a state from save_seq into seq (emptied first); False when llama.cpp cannot place it."""
+        L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if L.llama_state_seq_set_data(self.ctx, buf, len(data), seq) == 0:
+            L.llama_memory_seq_rm(self.mem, seq, -1, -1)
+            return False
+        return True
 
 class EmbedContext(_Context):
     """A mean-pooling embedding context; several inputs go through one decode as separate sequences."""

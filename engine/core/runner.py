@@ -12,6 +12,7 @@ import time
 from collections import deque
 from typing import Any
 
+from engine.core.promptcache import MIN_TOKENS, PromptCache
 from engine.core.request import Delta, End, Failed, Request, RequestState
 from engine.core.scheduler import Scheduler
 from engine.core.stats import ModelStats
@@ -28,13 +29,14 @@ class Runner:
     """Runs one model's requests: an inbox filled on the event loop, a scheduler, the batched context."""
 
     def __init__(self, name: str, model: LlamaModel, bctx: BatchContext | None, n_seq: int, chunk: int, ctx: int,
-                 threads: int):
+                 threads: int, cache: PromptCache | None = None):
         self.name = name
         self.model = model
         self.bctx = bctx
         self.ctx = ctx
         self.threads = threads
-        self.scheduler = Scheduler(n_seq, chunk)
+        self.cache = cache  # the host-RAM prompt cache (None: off)
+        self.scheduler = Scheduler(n_seq, chunk, share=bool(bctx and bctx.unified))
         self.stats = ModelStats()
         self.inbox: deque[Request] = deque()  # appended on the loop, taken on the scheduler thread
         self.done: deque[Request] = deque(maxlen=32)  # the last finished, for /v1/streams
@@ -63,14 +65,22 @@ class Runner:
         for r in [x for w in sched.waiting for x in w.family] + list(sched.running):
             if r.cancelled and r.state is not RequestState.DONE:
                 self._end(r, "cancelled", out)
-        for r, keep in sched.admit():
-            if not self.bctx.keep_prefix(r.seq, keep):
-                self.bctx.clear_seq(r.seq)  # this memory type cannot drop a suffix: start over
-                sched.forget(r.seq)
-                r.num_cached_tokens = r.reused_tokens = keep = 0
-            if keep:
-                self.stats.prefix_cache_hits += 1
-                self.stats.prefix_cache_reused_tokens += keep
+        for r, keep, held in sched.admit():
+            self._admitted(r, keep, held)
+            for child in r.family[1:]:  # emptied now; they get r's prompt when it is in (fork)
+                self._save(child.seq, sched.seq_tokens[child.seq])
+                self.bctx.clear_seq(child.seq)
+                sched.forget(child.seq)
+        for r in list(sched.running):  # a longer prefix held by another sequence: share its cells
+            src = sched.attach_source(r)
+            if src is not None:
+                self.bctx.attach(src[0], r.seq, src[1])
+                gained = sched.attached(r, src[1])
+                self.stats.prefix_attaches += 1
+                self.stats.attached_tokens += gained
+                self.stats.prefix_cache_reused_tokens += gained
+                if r.reused_tokens == gained:  # the request's first reuse
+                    self.stats.prefix_cache_hits += 1
         step = sched.schedule()
         if step.n_tokens == 0:
             return False
@@ -119,6 +129,44 @@ class Runner:
                 log.exception("%s: request %s failed while sampling", self.name, r.id)
                 self._fail(r, out, EngineError(f"internal error while sampling: {type(e).__name__}"))
         return True
+
+    def _admitted(self, r: Request, keep: int, held: list[int]) -> None:
+        """r took a sequence that held `held`, of which it keeps `keep` tokens: save the rest of that
+        conversation to the host-RAM cache before the cells are cut, then take the best of what the sequence
+        kept and what the cache has."""
+        sched, cache = self.scheduler, self.cache
+        if len(held) - keep >= MIN_TOKENS:
+            self._save(r.seq, held)  # before keep_prefix drops the rest
+        found = cache.best(r.prompt) if cache is not None and cache.enabled else None
+        if found is not None:
+            entry, n = found
+            n = min(n, len(r.prompt) - 1)
+            if n >= keep + MIN_TOKENS and self.bctx.restore_seq(r.seq, entry.state) \
+                    and self.bctx.keep_prefix(r.seq, n):
+                sched.restored(r, list(entry.tokens), n)
+                cache.used(entry, n)
+                self.stats.ram_reused_tokens += n
+                self.stats.prefix_cache_hits += 1
+                self.stats.prefix_cache_reused_tokens += n
+                return
+            if n >= keep + MIN_TOKENS:  # the restore failed: what the sequence held is gone, start over
+                self.bctx.clear_seq(r.seq)
+                sched.forget(r.seq)
+                r.num_cached_tokens = r.reused_tokens = 0
+                return
+        if not self.bctx.keep_prefix(r.seq, keep):
+            self.bctx.clear_seq(r.seq)  # this memory type cannot drop a suffix: start over
+            sched.forget(r.seq)
+            r.num_cached_tokens = r.reused_tokens = keep = 0
+        if keep:
+            self.stats.prefix_cache_hits += 1
+            self.stats.prefix_cache_reused_tokens += keep
+            self.stats.kv_reused_tokens += keep
+
+    def _save(self, seq: int, held: list[int]) -> None:
+        """Keep what seq holds in the host-RAM cache before its cells go to an unrelated prompt."""
+        if self.cache is not None and self.cache.wants(held):
+            self.cache.put(held, self.bctx.save_seq(seq))
 
     def _fork(self, parent: Request) -> list[Request]:
         """n > 1: the choices waiting for parent's prompt copy its KV and sample from its last row."""

@@ -36,12 +36,20 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-class Scheduler:
-    """Waiting and running requests over n_seq KV sequences, with a prefill budget per tick."""
+MIN_SHARE = 16  # fewer shared tokens than this are not worth waiting for or attaching
 
-    def __init__(self, n_seq: int, chunk: int):
+
+class Scheduler:
+    """Waiting and running requests over n_seq KV sequences, with a prefill budget per tick.
+
+    share (a unified KV pool): a request may attach the cells of a prefix that another sequence holds,
+    running or finished, and waits (at most until the prefix is in) for an earlier request that is
+    prefilling a prefix they share, instead of computing the same tokens twice."""
+
+    def __init__(self, n_seq: int, chunk: int, share: bool = False):
         self.n_seq = n_seq
         self.chunk = chunk
+        self.share = share
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.free_seqs: list[int] = list(range(n_seq))
@@ -54,8 +62,9 @@ class Scheduler:
             r.state = RequestState.QUEUED
         self.waiting.append(req)
 
-    def admit(self) -> list[tuple[Request, int]]:
-        """Give free sequences to waiting requests, FIFO; return (request, tokens kept from the cache).
+    def admit(self) -> list[tuple[Request, int, list[int]]]:
+        """Give free sequences to waiting requests, FIFO; return (request, tokens kept from the cache, what
+        the sequence held before: the runner may save that to the host-RAM cache before it is cut).
 
         Each request takes the free sequence whose cached tokens share the longest prefix with its
         prompt; at least the prompt's last token is always recomputed, for its logits. A request with
@@ -68,11 +77,12 @@ class Scheduler:
             best = max(self.free_seqs, key=lambda q: common_prefix(self.seq_tokens[q], r.prompt))
             keep = min(common_prefix(self.seq_tokens[best], r.prompt), len(r.prompt) - 1)
             self._take(r, best)
+            held = list(self.seq_tokens[best])
             del self.seq_tokens[best][keep:]
             r.num_cached_tokens = r.reused_tokens = keep
             for child in r.family[1:]:
                 self._take(child, min(self.free_seqs, key=lambda q: len(self.seq_tokens[q])))
-            admitted.append((r, keep))
+            admitted.append((r, keep, held))
         return admitted
 
     def _take(self, r: Request, seq: int) -> None:
@@ -81,16 +91,58 @@ class Scheduler:
         r.state = RequestState.PREFILL
         self.running.append(r)
 
+    def restored(self, r: Request, tokens: list[int], n: int) -> None:
+        """r's sequence now holds the first n of tokens (restored from the host-RAM cache)."""
+        self.seq_tokens[r.seq] = list(tokens[:n])
+        r.num_cached_tokens = r.reused_tokens = n
+
+    def attach_source(self, r: Request) -> tuple[int, int] | None:
+        """(sequence, n): another sequence, running or finished, whose first n tokens (MIN_SHARE at least) are a
+        longer prefix of r's prompt than what r has; None when there is none or sharing is off."""
+        if not self.share or r.parent is not None or r.state is not RequestState.PREFILL:
+            return None
+        limit = len(r.prompt) - 1  # the last prompt token is always computed, for its logits
+        best, best_n = -1, max(r.num_cached_tokens, MIN_SHARE - 1)
+        for q in range(self.n_seq):
+            if q != r.seq:
+                n = min(common_prefix(self.seq_tokens[q], r.prompt), limit)
+                if n > best_n:
+                    best, best_n = q, n
+        return (best, best_n) if best >= 0 else None
+
+    def attached(self, r: Request, n: int) -> int:
+        """r's sequence now holds the first n prompt tokens (attached from another); returns the tokens gained."""
+        gained = n - r.num_cached_tokens
+        self.seq_tokens[r.seq] = list(r.prompt[:n])
+        r.num_cached_tokens = n
+        r.reused_tokens += gained
+        return gained
+
+    def waits_for_prefix(self, r: Request) -> bool:
+        """Whether a request admitted before r is prefilling a prefix of r's prompt (MIN_SHARE tokens at least)
+        beyond what r has: r waits for it and attaches, instead of computing it too."""
+        if not self.share:
+            return False
+        have = r.num_cached_tokens
+        for p in self.running:
+            if p is r:
+                return False  # only earlier requests: no two ever wait for each other
+            if p.state is RequestState.PREFILL and p.parent is None:
+                n = min(common_prefix(p.prompt, r.prompt), len(r.prompt) - 1)
+                if n >= MIN_SHARE and n > have and p.num_cached_tokens < n:
+                    return True
+        return False
+
     def schedule(self) -> Step:
         """Plan the next decode: every decoding request, plus prompt slices within the chunk budget (choices
-        waiting for their first one's prompt prefill nothing)."""
+        waiting for their first one's prompt, and requests waiting for a shared prefix, prefill nothing)."""
         decode = [r for r in self.running if r.state is RequestState.DECODE]
         prefill = []
         budget = self.chunk
         for r in self.running:
             if budget <= 0:
                 break
-            if r.state is RequestState.PREFILL and r.parent is None:
+            if r.state is RequestState.PREFILL and r.parent is None and not self.waits_for_prefix(r):
                 n = min(r.prompt_left, budget)
                 prefill.append((r, n))
                 budget -= n

@@ -23,6 +23,10 @@ class ModelStats:
         self.rejected_requests = 0
         self.requests = 0
         self.forked_choices = 0  # n > 1 choices that took the first one's prompt KV instead of prefilling it
+        self.prefix_attaches = 0  # requests that took a prefix's cells from another sequence (running or not)
+        self.attached_tokens = 0
+        self.ram_reused_tokens = 0  # prompt tokens restored from the host-RAM cache
+        self.kv_reused_tokens = 0  # prompt tokens a request found in the sequence it was given
         self.embedding_inputs = 0
         self.embedding_decodes = 0
         self.ttft_ms: deque[float] = deque(maxlen=512)

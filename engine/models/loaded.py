@@ -15,6 +15,7 @@ import numpy as np
 
 from engine import tools
 from engine.chat import ChatTemplate
+from engine.core.promptcache import PromptCache
 from engine.core.request import Request, RequestState
 from engine.core.runner import Runner
 from engine.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError, UnsupportedByModel
@@ -64,6 +65,8 @@ class ModelSettings:
     gpu: str = "auto"
     chat_template: str | None = None  # a Jinja file that replaces the GGUF's template
     tool_format: str | None = None  # None: detected from the template; "none": tools are refused
+    kv_unified: bool = True
+    cache_ram: int = 0  # bytes of host-RAM prompt cache (0: off)
 
 
 class LoadedModel:
@@ -85,8 +88,10 @@ class LoadedModel:
         bctx = None
         if not self.embedding_only:
             bctx = BatchContext(self.model, settings.streams, self.ctx, settings.chunk + settings.streams,
-                                settings.threads, settings.kv_dtype)
-        self.runner = Runner(model_id, self.model, bctx, settings.streams, settings.chunk, self.ctx, settings.threads)
+                                settings.threads, settings.kv_dtype, settings.kv_unified)
+        self.cache = PromptCache(settings.cache_ram) if bctx is not None and settings.cache_ram > 0 else None
+        self.runner = Runner(model_id, self.model, bctx, settings.streams, settings.chunk, self.ctx, settings.threads,
+                             self.cache)
         self.stats = self.runner.stats
         self._ectx: EmbedContext | None = None
         self.outstanding = 0  # requests submitted and not yet ended (event loop only)
@@ -206,7 +211,10 @@ class LoadedModel:
             "gen_tokens": st.gen_tokens, "prefill_tokens": st.prefill_tokens, "decode_calls": st.decode_calls,
             "max_streams_per_decode": st.max_streams_per_decode,
             "prefix_cache_hits": st.prefix_cache_hits, "prefix_cache_reused_tokens": st.prefix_cache_reused_tokens,
-            "forked_choices": st.forked_choices,
+            "forked_choices": st.forked_choices, "kv_unified": self.settings.kv_unified,
+            "kv_reused_tokens": st.kv_reused_tokens, "prefix_attaches": st.prefix_attaches,
+            "attached_tokens": st.attached_tokens, "ram_reused_tokens": st.ram_reused_tokens,
+            "prompt_cache": self.cache.stats() if self.cache is not None else None,
             "active_streams": sum(1 for r in live if r.state in (RequestState.PREFILL, RequestState.DECODE)),
             "queued_streams": sum(1 for r in live if r.state in (RequestState.INBOX, RequestState.QUEUED)),
             "rejected_requests": st.rejected_requests, "requests": st.requests,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -16,6 +17,17 @@ from engine.errors import Conflict, EngineError, InvalidRequest, ModelNotFound, 
 from engine.models.loaded import LoadedModel, ModelSettings, read_chat_template
 
 log = logging.getLogger("llamadesk.engine")
+
+
+def cache_ram_bytes(mib: int) -> int:
+    """The host-RAM prompt cache budget: mib MiB, or for -1 an eighth of this machine's RAM (8 GiB at most)."""
+    if mib >= 0:
+        return mib << 20
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        ram = 8 << 30
+    return min(ram // 8, 8 << 30)
 
 
 def check_shape(entry: ModelEntry) -> None:
@@ -47,7 +59,8 @@ class ModelManager:
         return ModelSettings(streams=entry.streams or c.streams, ctx=entry.ctx or c.ctx, chunk=entry.chunk or c.chunk,
                              kv_dtype=entry.kv_dtype or c.kv_dtype, threads=c.threads or llama.default_threads(),
                              default_max_tokens=c.max_tokens, gpu=c.gpu, chat_template=entry.chat_template,
-                             tool_format=entry.tool_format)
+                             tool_format=entry.tool_format, kv_unified=c.kv_unified,
+                             cache_ram=cache_ram_bytes(c.cache_ram))
 
     def load_all(self) -> None:
         """Load every roster entry (blocking; before the scheduler starts, or from a worker thread)."""

@@ -87,7 +87,7 @@ def test_prefix_reuse_picks_the_longest_common_prefix():
     # b's sequence holds tokens 500..519 plus its first generated token
     follow = Stream(id="c", prompt=list(range(500, 515)) + [7, 8, 9])
     sched.add(follow)
-    (admitted, keep), = sched.admit()
+    (admitted, keep, _), = sched.admit()
     assert admitted.seq == b.seq and keep == 15
     assert admitted.num_cached_tokens == 15 and sched.seq_tokens[b.seq] == list(range(500, 515))
 
@@ -100,7 +100,7 @@ def test_identical_prompt_recomputes_only_the_last_token():
         pass
     again = stream("again", 10)
     sched.add(again)
-    (_, keep), = sched.admit()
+    (_, keep, _), = sched.admit()
     assert keep == 9
     step = sched.schedule()
     assert step.prefill == [(again, 1)]
@@ -117,3 +117,78 @@ def test_cancel_while_queued_or_running():
     assert second.state is StreamState.DONE and not sched.waiting
     sched.finish(first)
     assert not sched.waiting and not sched.running and sched.free_seqs == [0]
+
+
+class SharingRunner(FakeRunner):
+    """A fake runner over a unified pool: attaches the longest prefix another sequence holds, as the real one."""
+
+    def tick(self) -> bool:
+        self.sched.admit()
+        for s in list(self.sched.running):
+            src = self.sched.attach_source(s)
+            if src is not None:
+                self.sched.attached(s, src[1])
+        step = self.sched.schedule()
+        if step.n_tokens == 0:
+            return False
+        self.steps.append(step)
+        self.sched.advance(step)
+        sampled = list(step.decode) + [s for s, _ in step.prefill if self.sched.prompt_done(s)]
+        for s in sampled:
+            if s.state is StreamState.PREFILL:
+                self.sched.start_decoding(s)
+            s.generated.append(1000 + len(s.generated))
+            if len(s.generated) >= self.max_new:
+                self.sched.finish(s)
+        return True
+
+
+def test_a_burst_sharing_a_prefix_computes_it_once():
+    sched = Scheduler(n_seq=2, chunk=64, share=True)
+    runner = SharingRunner(sched, max_new=3)
+    shared = list(range(200))
+    a, b = stream("a", 0), stream("b", 0)
+    a.prompt, b.prompt = shared + [900, 901], shared + [950, 951, 952]
+    sched.add(a)
+    sched.add(b)
+    runner.tick()
+    assert [s.id for s, _ in runner.steps[0].prefill] == ["a"]  # b waits: a is computing what they share
+    while runner.tick():
+        pass
+    prefilled = {s.id: sum(n for r, n in (p for st in runner.steps for p in st.prefill) if r is s) for s in (a, b)}
+    assert prefilled == {"a": 202, "b": 3}  # b attached the 200 shared tokens and computed its own 3
+    assert b.reused_tokens == 200 and b.state is StreamState.DONE
+
+
+def test_only_earlier_requests_are_waited_for_and_a_cancelled_source_releases_the_wait():
+    sched = Scheduler(n_seq=2, chunk=32, share=True)
+    runner = SharingRunner(sched, max_new=2)
+    shared = list(range(100))
+    a, b = stream("a", 0), stream("b", 0)
+    a.prompt, b.prompt = shared + [1], shared + [2]
+    sched.add(a)
+    sched.add(b)
+    runner.tick()
+    assert not sched.waits_for_prefix(a) and sched.waits_for_prefix(b)  # never the other way round
+    sched.finish(a)  # cancelled mid-prefill: b computes the prefix itself
+    assert not sched.waits_for_prefix(b)
+    assert sched.attach_source(b) == (a.seq, 32)  # what a had computed stays attachable
+    while runner.tick():
+        pass
+    assert b.state is StreamState.DONE and b.reused_tokens == 32
+
+
+def test_attach_needs_a_longer_prefix_than_the_request_has_and_sharing_on():
+    off = Scheduler(n_seq=2, chunk=64)
+    r = stream("r", 40)
+    off.seq_tokens[1] = list(range(40))
+    off.add(r)
+    off.admit()
+    assert off.attach_source(r) is None and not off.waits_for_prefix(r)
+    on = Scheduler(n_seq=3, chunk=64, share=True)
+    on.seq_tokens[1] = list(range(10))  # too short to be worth it (MIN_SHARE)
+    on.seq_tokens[2] = list(range(39)) + [7]
+    r = stream("r", 40)
+    on.add(r)
+    on.admit()  # takes sequence 2 (the longest prefix: 39 tokens kept)
+    assert r.seq == 2 and r.num_cached_tokens == 39 and on.attach_source(r) is None
