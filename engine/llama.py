@@ -3,6 +3,8 @@
 Model weights, vocabularies, batch contexts, embedding contexts and sampler chains. Nothing
 here decides *what* to run; engine/core/scheduler.py does. All context calls happen on the
 scheduler thread; vocab reads (tokenize, pieces) are read-only and safe from any thread.
+(Over 400 lines on purpose: the one module that touches the native API, so that a llama.cpp upgrade is
+reviewed in one place.)
 """
 from __future__ import annotations
 
