@@ -54,6 +54,11 @@ def _prometheus(stats: dict) -> str:
             ("rejected_requests", "counter", "requests refused with 503 (queue full)"),
             ("prefix_cache_hits", "counter", "requests that reused a cached prompt prefix"),
             ("prefix_cache_reused_tokens", "counter", "prompt tokens taken from the prefix cache"),
+            ("kv_reused_tokens", "counter", "prompt tokens found in the sequence a request was given"),
+            ("attached_tokens", "counter", "prompt tokens attached from another sequence's cells"),
+            ("prefix_attaches", "counter", "requests that attached a prefix held by another sequence"),
+            ("ram_reused_tokens", "counter", "prompt tokens restored from the host-RAM prompt cache"),
+            ("forked_choices", "counter", "n > 1 choices that took the first one's prompt KV"),
             ("active_streams", "gauge", "streams prefilling or decoding"), ("queued_streams", "gauge", "streams waiting"),
             ("max_streams_per_decode", "gauge", "most streams stepped by one decode"),
             ("gen_tok_s", "gauge", "generated tokens per second, recent")):
@@ -61,6 +66,11 @@ def _prometheus(stats: dict) -> str:
         metric(name, kind, help_, [({"model": m["id"]}, m[key]) for m in per_model])
     metric("ttft_ms", "gauge", "time to first token, recent requests",
            [({"model": m["id"], "stat": q}, m["ttft_ms"][q]) for m in per_model for q in ("avg", "p50", "p95")])
+    caches = [(m["id"], m["prompt_cache"]) for m in per_model if m.get("prompt_cache")]
+    for key, kind, help_ in (("entries", "gauge", "entries"), ("bytes", "gauge", "bytes held"),
+                             ("hits", "counter", "restores"), ("evictions", "counter", "entries evicted (LRU)")):
+        metric(f"prompt_cache_{key}" + ("_total" if kind == "counter" else ""), kind,
+               f"host-RAM prompt cache: {help_}", [({"model": mid}, c[key]) for mid, c in caches])
     metric("rss_bytes", "gauge", "resident memory of the process", [({}, stats["memory"]["rss_bytes"])])
     metric("uptime_seconds", "gauge", "seconds since start", [({}, stats["uptime_s"])])
     for kind in ("asr", "tts"):

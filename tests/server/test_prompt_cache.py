@@ -156,3 +156,16 @@ def test_the_cache_keeps_the_most_recently_used_within_its_budget():
     assert not cache.wants(a[:20]) and not cache.wants(list(range(10)))  # held already; too short
     assert cache.put(a + list(range(10)), b"v" * 50)  # a longer conversation replaces its prefix
     assert len(cache) == 2 and cache.best(a)[0].tokens[-1] == 9
+
+
+def test_cache_counters_are_in_prometheus_metrics(server):
+    import re
+    import urllib.request
+    stats = _stats(server)
+    with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    reused = re.search(rf'^llamadesk_ram_reused_tokens_total{{model="{MODEL}"}} (\d+)$', text, re.M)
+    entries = re.search(rf'^llamadesk_prompt_cache_entries{{model="{MODEL}"}} (\d+)$', text, re.M)
+    assert reused and int(reused.group(1)) == stats["ram_reused_tokens"] > 0
+    assert entries and int(entries.group(1)) == stats["prompt_cache"]["entries"] > 0
+    assert re.search(rf'^llamadesk_prefix_attaches_total{{model="{MODEL}"}} \d+$', text, re.M)
