@@ -94,6 +94,8 @@ SCHEMA: tuple[Option, ...] = (
     Option("cache_ram", int, -1, "host-RAM prompt cache per model, in MiB: KV states of conversations evicted from "
            "the KV, restored when they come back (-1: an eighth of the RAM, at most 8192; 0: off)", minimum=-1,
            maximum=1 << 20),
+    Option("cache_disk", int, 2048, "of the prompt cache, MiB written to the user cache dir at a clean shutdown and "
+           "read back at the next start, per model (0: off)", minimum=0, maximum=1 << 20),
     Option("gpu", str, "auto", "offload layers to a GPU when llama.cpp has one", choices=("auto", "off")),
     Option("models_dir", str, None, "where downloaded models live (default: the user data dir)"),
     Option("asr", str, None, "speech-to-text model directory (whisper, moonshine, NeMo, SenseVoice, Paraformer)"),

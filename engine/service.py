@@ -75,6 +75,7 @@ class Service:
                 for r in m.live_requests():
                     m.runner.cancel(r)
                 m.runner.step(out)
+                m.runner.save_all()  # what the sequences hold goes with the prompt cache to disk
         worker = self.worker
         try:
             await asyncio.wait_for(self.run(abort_all), 10)

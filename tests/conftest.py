@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import pytest
 from tests.assets.prepare import default_dest, prepare
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Servers write their prompt cache to the user cache dir at shutdown and read it back at the next start: the
+# tests' servers (in process and launched) use a folder of this run's own, so no run starts warm from another.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="llamadesk-test-cache-")
 TEMPLATES = Path(__file__).resolve().parent / "assets" / "templates"
 
 
@@ -61,7 +65,10 @@ class LiveServer:
         from engine.config import load
         cfg_path = tmp / "llamadesk.toml"
         cfg_path.write_text(toml)
-        self.config = load(["--config", str(cfg_path), "--port", "0", "--no-gui", *argv])
+        # the prompt cache stays off disk unless a test asks for it: in-process servers share one environment,
+        # so one server's cache would otherwise warm the next one's first requests
+        disk = [] if "--cache-disk" in argv else ["--cache-disk", "0"]
+        self.config = load(["--config", str(cfg_path), "--port", "0", "--no-gui", *disk, *argv])
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None

@@ -138,22 +138,27 @@ class Runner:
         if len(held) - keep >= MIN_TOKENS:
             self._save(r.seq, held)  # before keep_prefix drops the rest
         found = cache.best(r.prompt) if cache is not None and cache.enabled else None
-        if found is not None:
+        if found is not None and min(found[1], len(r.prompt) - 1) >= keep + MIN_TOKENS:
             entry, n = found
             n = min(n, len(r.prompt) - 1)
-            if n >= keep + MIN_TOKENS and self.bctx.restore_seq(r.seq, entry.state) \
-                    and self.bctx.keep_prefix(r.seq, n):
+            from_disk = entry.state is None
+            state = cache.state_of(entry)  # read from disk the first time after a restart; None: a bad file
+            if state is not None and self.bctx.restore_seq(r.seq, state) and self.bctx.keep_prefix(r.seq, n):
                 sched.restored(r, list(entry.tokens), n)
-                cache.used(entry, n)
-                self.stats.ram_reused_tokens += n
+                cache.used(entry, n, from_disk)
+                if from_disk:
+                    self.stats.disk_reused_tokens += n
+                else:
+                    self.stats.ram_reused_tokens += n
                 self.stats.prefix_cache_hits += 1
                 self.stats.prefix_cache_reused_tokens += n
                 return
-            if n >= keep + MIN_TOKENS:  # the restore failed: what the sequence held is gone, start over
+            if state is not None:  # the restore failed: what the sequence held is gone, start over
                 self.bctx.clear_seq(r.seq)
                 sched.forget(r.seq)
                 r.num_cached_tokens = r.reused_tokens = 0
                 return
+            # (a bad file: the sequence still holds what it kept)
         if not self.bctx.keep_prefix(r.seq, keep):
             self.bctx.clear_seq(r.seq)  # this memory type cannot drop a suffix: start over
             sched.forget(r.seq)
@@ -162,6 +167,13 @@ class Runner:
             self.stats.prefix_cache_hits += 1
             self.stats.prefix_cache_reused_tokens += keep
             self.stats.kv_reused_tokens += keep
+
+    def save_all(self) -> None:
+        """Put what every sequence holds into the prompt cache (at a clean shutdown, before it is written)."""
+        if self.cache is None or self.bctx is None:
+            return
+        for q in range(self.scheduler.n_seq):
+            self._save(q, self.scheduler.seq_tokens[q])
 
     def _save(self, seq: int, held: list[int]) -> None:
         """Keep what seq holds in the host-RAM cache before its cells go to an unrelated prompt."""

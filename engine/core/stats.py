@@ -27,6 +27,7 @@ class ModelStats:
         self.attached_tokens = 0
         self.ram_reused_tokens = 0  # prompt tokens restored from the host-RAM cache
         self.kv_reused_tokens = 0  # prompt tokens a request found in the sequence it was given
+        self.disk_reused_tokens = 0  # prompt tokens restored from the cache a previous run left on disk
         self.embedding_inputs = 0
         self.embedding_decodes = 0
         self.ttft_ms: deque[float] = deque(maxlen=512)

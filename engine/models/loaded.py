@@ -15,7 +15,7 @@ import numpy as np
 
 from engine import tools
 from engine.chat import ChatTemplate
-from engine.core.promptcache import PromptCache
+from engine.core.promptcache import PromptCache, model_key
 from engine.core.request import Request, RequestState
 from engine.core.runner import Runner
 from engine.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError, UnsupportedByModel
@@ -67,6 +67,8 @@ class ModelSettings:
     tool_format: str | None = None  # None: detected from the template; "none": tools are refused
     kv_unified: bool = True
     cache_ram: int = 0  # bytes of host-RAM prompt cache (0: off)
+    cache_disk: int = 0  # bytes of it kept on disk across restarts (0: off)
+    cache_dir: Path | None = None  # where: a folder per model file and KV type is made below it
 
 
 class LoadedModel:
@@ -89,7 +91,13 @@ class LoadedModel:
         if not self.embedding_only:
             bctx = BatchContext(self.model, settings.streams, self.ctx, settings.chunk + settings.streams,
                                 settings.threads, settings.kv_dtype, settings.kv_unified)
-        self.cache = PromptCache(settings.cache_ram) if bctx is not None and settings.cache_ram > 0 else None
+        self.cache = None
+        if bctx is not None and settings.cache_ram > 0:
+            disk = settings.cache_dir / model_key(path, settings.kv_dtype) \
+                if settings.cache_dir is not None and settings.cache_disk > 0 else None
+            self.cache = PromptCache(settings.cache_ram, disk, settings.cache_disk)
+            if n := self.cache.load_index():
+                log.info("%s: %d prompt-cache entries on disk from an earlier run", model_id, n)
         self.runner = Runner(model_id, self.model, bctx, settings.streams, settings.chunk, self.ctx, settings.threads,
                              self.cache)
         self.stats = self.runner.stats
@@ -214,6 +222,7 @@ class LoadedModel:
             "forked_choices": st.forked_choices, "kv_unified": self.settings.kv_unified,
             "kv_reused_tokens": st.kv_reused_tokens, "prefix_attaches": st.prefix_attaches,
             "attached_tokens": st.attached_tokens, "ram_reused_tokens": st.ram_reused_tokens,
+            "disk_reused_tokens": st.disk_reused_tokens,
             "prompt_cache": self.cache.stats() if self.cache is not None else None,
             "active_streams": sum(1 for r in live if r.state in (RequestState.PREFILL, RequestState.DECODE)),
             "queued_streams": sum(1 for r in live if r.state in (RequestState.INBOX, RequestState.QUEUED)),

@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import platformdirs
+
 from engine import llama
-from engine.config import OPTIONS, Config, ConfigError, ModelEntry
+from engine.config import APP_NAME, OPTIONS, Config, ConfigError, ModelEntry
 from engine.core.worker import Outbox, deliver
 from engine.errors import Conflict, EngineError, InvalidRequest, ModelNotFound, NoModelLoaded
 from engine.models.loaded import LoadedModel, ModelSettings, read_chat_template
@@ -60,7 +62,8 @@ class ModelManager:
                              kv_dtype=entry.kv_dtype or c.kv_dtype, threads=c.threads or llama.default_threads(),
                              default_max_tokens=c.max_tokens, gpu=c.gpu, chat_template=entry.chat_template,
                              tool_format=entry.tool_format, kv_unified=c.kv_unified,
-                             cache_ram=cache_ram_bytes(c.cache_ram))
+                             cache_ram=cache_ram_bytes(c.cache_ram), cache_disk=c.cache_disk << 20,
+                             cache_dir=Path(platformdirs.user_cache_dir(APP_NAME)) / "prompt-cache")
 
     def load_all(self) -> None:
         """Load every roster entry (blocking; before the scheduler starts, or from a worker thread)."""
@@ -177,6 +180,13 @@ class ModelManager:
         self.default_id = entry.name
 
     async def free_all(self) -> None:
-        """Free every model (scheduler thread stopped; their requests ended)."""
+        """Write each model's prompt cache to disk, then free every model (scheduler thread stopped)."""
         for m in self.loaded.values():
+            if m.cache is not None:
+                try:
+                    n = await asyncio.to_thread(m.cache.save_to_disk)
+                    if n:
+                        log.info("%s: %d prompt-cache entries written to %s", m.id, n, m.cache.disk_dir)
+                except OSError as e:  # a full disk must not stop the shutdown
+                    log.warning("%s: prompt cache not written: %s", m.id, e)
             m.free()

@@ -169,3 +169,45 @@ def test_cache_counters_are_in_prometheus_metrics(server):
     assert reused and int(reused.group(1)) == stats["ram_reused_tokens"] > 0
     assert entries and int(entries.group(1)) == stats["prompt_cache"]["entries"] > 0
     assert re.search(rf'^llamadesk_prefix_attaches_total{{model="{MODEL}"}} \d+$', text, re.M)
+
+
+def test_a_restart_serves_a_warm_first_turn_from_disk_and_skips_a_truncated_file(assets, tmp_path, caplog,
+                                                                                 monkeypatch):
+    import logging
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this test's own cache dir
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    args = ["--model", str(assets["smollm2"]), "--streams", "1", "--ctx", "1024", "--chunk", "64", "--cache-disk", "64"]
+    conversations = [_conversation(700 + i, 60) for i in range(3)]
+    srv = LiveServer(args, "", tmp_path / "one")
+    try:
+        for c in conversations:  # one stream: the first two go to RAM
+            _complete(srv, c)
+        # each restored from RAM once (the state the disk will hold, the same last-token step)
+        from_ram = {i: _complete(srv, conversations[i])["choices"][0]["text"] for i in (0, 1, 2)}
+        assert _stats(srv)["ram_reused_tokens"] > 0
+        m = srv.service.roster.loaded[MODEL]
+        third = srv.service.generator._tokenize(m, conversations[2])
+    finally:
+        srv.stop()  # a clean shutdown writes the cache, with what the sequence held
+    from engine.core.promptcache import _read
+    files = sorted((tmp_path / "cache" / "llamadesk" / "prompt-cache").glob("*/*.kv"))
+    damaged = [f for f in files if _read(f, with_state=False)[0][:len(third)] == third]
+    assert len(files) >= 3 and damaged
+    for f in damaged:  # the third conversation's files, cut short as a crash while writing would leave them
+        f.write_bytes(f.read_bytes()[:f.stat().st_size // 2])
+    srv = LiveServer(args, "", tmp_path / "two")
+    try:
+        with caplog.at_level(logging.WARNING, logger="llamadesk.engine"):
+            again = [_complete(srv, c) for c in conversations]
+        stats = _stats(srv)
+        warm = [a["usage"]["prompt_tokens_details"]["cached_tokens"] for a in again]
+        assert warm[0] > 100 and warm[1] > 100 and warm[2] < 10, warm  # two warm from disk, the damaged cold
+        assert stats["disk_reused_tokens"] == sum(w for w in warm if w > 100) and stats["ram_reused_tokens"] == 0
+        for i, a in enumerate(again):
+            if warm[i] > 100:  # the same state, from disk instead of RAM: token for token the same answer
+                assert a["choices"][0]["text"] == from_ram[i]
+        assert stats["prompt_cache"]["disk_skipped"] == len(damaged)
+        assert any("skipping" in r.getMessage() and damaged[0].name in r.getMessage() for r in caplog.records)
+    finally:
+        srv.stop()
