@@ -281,6 +281,10 @@ def report(args, tally: Tally, series: list, after: dict, chat: str, wall: float
         half = rss[len(rss) // 2:]
         print(f"RSS: start {rss[0]:.0f} MB, peak {max(rss):.0f} MB, end {rss[-1]:.0f} MB; second half "
               f"{min(half):.0f}-{max(half):.0f} MB (growth over the second half {half[-1] - half[0]:+.0f} MB)")
+    caches = [m.get("prompt_cache") or {} for m in after.get("models", [])]
+    print(f"host-RAM prompt cache (part of the RSS, bounded by --cache-ram): "
+          f"{sum(c.get('bytes', 0) for c in caches) / 2**20:.0f} MB in {sum(c.get('entries', 0) for c in caches)} "
+          f"entries, {sum(c.get('evictions', 0) for c in caches)} evicted")
     sched = after.get("scheduler", {})
     leaked = after.get("active_streams", 0) + after.get("queued_streams", 0)
     print(f"after the run: {after.get('active_streams')} active, {after.get('queued_streams')} queued streams; "
