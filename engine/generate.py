@@ -99,10 +99,10 @@ class Generator:
             m.check_tokens(prompt, "prompt")
         if not prompt:
             raise InvalidRequest("the prompt is empty", "prompt")
-        return await self._submit(m, prompt, req.sampling, n, OutputReading())
+        return await self._submit(m, prompt, req.sampling, n, OutputReading(), chat=False)
 
     async def _submit(self, m: LoadedModel, prompt: list[int], sampling: SamplingParams, n: int,
-                      reading: OutputReading) -> list[Generation]:
+                      reading: OutputReading, chat: bool = True) -> list[Generation]:
         """Check the request against the model, build each choice's sampler (a grammar llama.cpp refuses is a
         400 here, before anything streams) and hand the request to the scheduler thread: the prompt is
         prefilled once, the other choices fork its KV (seeds seed, seed+1, ... when a seed is given)."""
@@ -117,7 +117,7 @@ class Generator:
         base = f"{next(self._ids):x}{uuid.uuid4().hex[:12]}"
         choices = [dataclasses.replace(sampling, seed=None if sampling.seed is None else sampling.seed + i)
                    for i in range(n)]
-        reqs = [m.make_request(base if i == 0 else f"{base}-{i}", prompt, sp, special)
+        reqs = [m.make_request(base if i == 0 else f"{base}-{i}", prompt, sp, special, chat)
                 for i, sp in enumerate(choices)]
         m.outstanding += n  # the places are taken while the samplers are built; given back if that fails
         fut = asyncio.get_running_loop().run_in_executor(self._prep, lambda: _samplers(m, choices))

@@ -7,7 +7,7 @@ import time
 from typing import Any, AsyncIterator, Callable
 
 from engine.core.request import Delta, End, Event, Failed, Request
-from engine.errors import EngineError
+from engine.errors import EngineError, EngineStopped
 from engine.requests import OutputReading
 
 
@@ -29,6 +29,7 @@ class Generation:
         self._closed = closed
         self._pending: list[str] = []
         self._wake = asyncio.Event()
+        self._cancelled = False  # the caller asked for it to stop
 
     @property
     def ended(self) -> bool:
@@ -50,7 +51,11 @@ class Generation:
             if event.logprobs:
                 self.logprobs.append(event.logprobs)
         elif not self.ended:
-            if isinstance(event, End):
+            if isinstance(event, End) and event.reason == "cancelled" and not self._cancelled:
+                # the engine aborted it (its model unloaded, the server stopping): an error, not an ending
+                self.error = EngineStopped("the request was aborted: its model was unloaded or the server is "
+                                           "stopping")
+            elif isinstance(event, End):
                 self._end = event
             elif isinstance(event, Failed):
                 self.error = event.error
@@ -83,4 +88,5 @@ class Generation:
     def cancel(self) -> None:
         """Abort the request in the engine (a message to the scheduler thread; evicted at its next tick)."""
         if not self.ended:
+            self._cancelled = True
             self._cancel(self.request)

@@ -109,17 +109,19 @@ class LoadedModel:
     # ---- admission (event loop) ------------------------------------------------------------------
 
     def make_request(self, request_id: str, prompt: list[int], sampling: SamplingParams,
-                     render_special: bool = False) -> Request:
-        """Check a prompt against the context and wrap it as a request (raises ContextLengthExceeded)."""
+                     render_special: bool = False, chat: bool = True) -> Request:
+        """Check a prompt against the context and wrap it as a request (raises ContextLengthExceeded); chat:
+        the prompt came from messages (which "truncation": "auto" can shorten), else from a raw prompt."""
         if self.embedding_only:
             raise UnsupportedByModel(f"model '{self.id}' is an embedding model: it serves /v1/embeddings only",
                                      "model")
         n = len(prompt)
         room = self.ctx - n
         if room < 1:
+            advice = "shorten it or send \"truncation\": \"auto\"" if chat else "shorten it"
             raise ContextLengthExceeded(
                 f"the prompt is {n} tokens but the context of model '{self.id}' is {self.ctx} tokens "
-                f"per stream; shorten it or send \"truncation\": \"auto\"", "messages")
+                f"per stream; {advice}", "messages" if chat else "prompt")
         wanted = sampling.max_tokens or self.settings.default_max_tokens
         if sampling.max_tokens is not None and wanted > room:
             raise ContextLengthExceeded(

@@ -3,6 +3,7 @@ streaming share one implementation; a call that does not parse comes back as con
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ class Event:
     kind: str  # content | reasoning | tool_call | tool_call_start | tool_args | tool_call_end
     text: str = ""  # content or reasoning text, or an argument fragment (tool_args)
     call: dict[str, Any] | None = None  # {"id", "name", "arguments" (a JSON string)}; id and name for a start
+    index: int = -1  # the call's place among the reply's calls (set by ReplyReader)
 
 
 def _call(name: Any, arguments: Any) -> dict[str, Any] | None:
@@ -58,16 +60,25 @@ class ReplyReader:
     """Reads one choice's text as its OutputReading says: content, reasoning and tool calls as events, the
     calls after the first dropped when parallel_tool_calls is false (where no grammar already stops them)."""
 
-    def __init__(self, reading):
+    def __init__(self, reading, streaming: bool = True):
         r = reading
+        # calls stream (id and name first, then their arguments) only to a streaming client: a buffered reply
+        # waits for each call to close, so a call cut short by max_tokens comes back as the text it was
         self.parser = OutputParser(r.tool_format, r.tools_active, r.reasoning, r.in_reasoning,
-                                   stream_calls=r.constrained_calls) if r.tools_active or r.reasoning else None
+                                   stream_calls=r.constrained_calls and streaming) \
+            if r.tools_active or r.reasoning else None
         self.parallel = r.parallel_tool_calls
         self.calls = 0  # calls started so far
         self._skipping = False  # inside a call dropped by parallel_tool_calls=false
+        self._blank = ""  # whitespace between or before calls: content only if text follows
+
+    @property
+    def cut_call(self) -> bool:
+        """Whether the reply ended inside a streamed call (max_tokens): the reply finished by length."""
+        return self.parser is not None and self.parser.cut
 
     def events(self, text: str | None) -> list[Event]:
-        """Events for new text (None: the generation ended)."""
+        """Events for new text (None: the generation ended), each call with its index."""
         events = self.parser.feed(text) if text is not None else self.parser.finish()
         out = []
         for e in events:
@@ -75,9 +86,21 @@ class ReplyReader:
                 self._skipping = bool(self.calls) and not self.parallel
                 if not self._skipping:
                     self.calls += 1
+                self._blank = ""
             if self._skipping and e.kind in ("tool_call", "tool_call_start", "tool_args", "tool_call_end"):
                 continue
+            if e.kind == "content" and self.parser.tools and not e.text.strip():
+                self._blank += e.text  # as the buffered reply's content: null around calls
+                continue
+            if e.kind == "content" and self._blank:
+                e = dataclasses.replace(e, text=self._blank + e.text)
+                self._blank = ""
+            if e.kind in ("tool_call", "tool_call_start", "tool_args", "tool_call_end"):
+                e = dataclasses.replace(e, index=self.calls - 1)
             out.append(e)
+        if text is None and self._blank and not self.calls:
+            out.append(Event("content", self._blank))
+            self._blank = ""
         return out
 
 
@@ -96,6 +119,7 @@ class OutputParser:
         # arguments as they are generated (without a grammar a call is only known good once closed)
         self.stream_calls = stream_calls and fmt == "hermes"
         self.started: dict[str, Any] | None = None  # the call being streamed
+        self.cut = False  # the reply ended inside a streamed call
         self.args_at = self.args_sent = 0
         self.tools = tools
         self.tags: dict[str, tuple[str, str]] = {}  # opener -> (closer, kind)
@@ -170,6 +194,7 @@ class OutputParser:
                 if self.started:
                     out += [Event("tool_args", self.buf[self.args_at + self.args_sent:]), Event("tool_call_end")]
                     self.started = None
+                    self.cut = True
                 else:
                     out.append(Event("content", self.mode + self.buf))
                 self.buf, self.mode = "", None

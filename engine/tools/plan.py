@@ -80,6 +80,10 @@ def _schema_cost_problem(schema: Any) -> str | None:
     return None
 
 
+_RAW_CHAR = re.compile(r'^char ::= \[\^"\\\\\] \|', re.M)
+_JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'  # any character but ", \ and the controls; those as escapes
+
+
 def schema_grammar(schema: dict, prefix: str = "", suffix: str = "", param: str = "response_format") -> str:
     """A GBNF grammar for JSON matching schema, optionally wrapped in literal text; param: the request field
     the schema came from (named by the InvalidRequest a bad schema raises)."""
@@ -93,6 +97,9 @@ def schema_grammar(schema: dict, prefix: str = "", suffix: str = "", param: str 
     if len(gbnf) > MAX_GRAMMAR_CHARS:
         raise InvalidRequest(f"this JSON schema makes a grammar of {len(gbnf)} characters, more than the "
                              f"{MAX_GRAMMAR_CHARS} allowed", param)
+    # the converter's string characters admit raw control characters, which JSON does not (a newline inside
+    # a string made json.loads fail on a finished reply): only escapes for those
+    gbnf = _RAW_CHAR.sub(lambda _: _JSON_CHAR, gbnf)
     if not prefix and not suffix:
         return gbnf
     gbnf = re.sub(r"^root ::=", "payload ::=", gbnf, count=1, flags=re.M)

@@ -86,8 +86,9 @@ def _prometheus(stats: dict) -> str:
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=_prometheus(request.app[SERVICE].stats()), content_type="text/plain",
-                        headers={"X-Content-Type-Options": "nosniff"})
+    return web.Response(body=_prometheus(request.app[SERVICE].stats()).encode(),  # Prometheus' text format 0.0.4
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8",
+                                 "X-Content-Type-Options": "nosniff"})
 
 
 @routes.post("/v1/models/load")

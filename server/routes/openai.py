@@ -119,9 +119,9 @@ async def _sse(request: web.Request, gens: list[Generation], opts: schemas.Strea
 class _ChatChoice:
     """Turns one generation's text into message fields (content, reasoning, tool calls)."""
 
-    def __init__(self, gen: Generation):
+    def __init__(self, gen: Generation, streaming: bool):
         self.gen = gen
-        self.reader = ReplyReader(gen.reading)
+        self.reader = ReplyReader(gen.reading, streaming)
         self.parser = self.reader.parser  # None: plain text, no parsing
 
     @property
@@ -144,7 +144,7 @@ class _ChatChoice:
             return {"reasoning_content": e.text}
         if e.kind == "tool_call_end":
             return None
-        i = self.calls - 1
+        i = e.index
         if e.kind == "tool_args":
             return {"tool_calls": [{"index": i, "function": {"arguments": e.text}}]}
         c = e.call  # a whole call, or the start of a streamed one (id and name first)
@@ -153,6 +153,8 @@ class _ChatChoice:
 
     @property
     def finish_reason(self) -> str:
+        if self.reader.cut_call:  # max_tokens ended it inside a call: the call is not whole
+            return "length"
         return "tool_calls" if self.calls else self.gen.finish_reason
 
     def message(self, text: str) -> dict:
@@ -174,7 +176,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     req, opts = schemas.chat_request(await schemas.read_json(request))
     gens = await request.app[SERVICE].chat(req, opts.n)
     cid = f"chatcmpl-{gens[0].id}"
-    choices = [_ChatChoice(g) for g in gens]
+    choices = [_ChatChoice(g, opts.stream) for g in gens]
     if opts.stream:
         return await _chat_stream(request, gens, choices, opts, cid)
     try:
