@@ -195,6 +195,28 @@ class Generator:
                 f"{need} for the completion exceeds the context of {m.ctx}", "messages")
         return tokens, text
 
+    # ---- llama-server's utilities ----------------------------------------------------------------
+
+    async def tokenize(self, model: str | None, text: str, add_special: bool, parse_special: bool,
+                       ) -> tuple[LoadedModel, list[int]]:
+        """The model's token ids for text (off the loop)."""
+        m = self.roster.get(model)
+        toks = await self._off_loop(lambda: m.model.tokenize(text, add_special=add_special,
+                                                             parse_special=parse_special))
+        return m, toks
+
+    async def detokenize(self, model: str | None, tokens: list[int]) -> str:
+        """The text token ids stand for (special tokens as their text; invalid UTF-8 as U+FFFD)."""
+        m = self.roster.get(model)
+        m.check_tokens(tokens, "tokens")
+        return b"".join(m.model.piece(t, special=True) for t in tokens).decode("utf-8", "replace")
+
+    async def apply_template(self, req: ChatRequest) -> str:
+        """The prompt a chat request renders to (its tools and output format applied), not generated."""
+        m = self.roster.get(req.model)
+        req, _, _ = compile_output(m, req)
+        return (await self._off_loop(self._chat_tokens, m, req))[1]
+
     # ---- embeddings ----------------------------------------------------------------------------
 
     async def embed(self, model: str | None, inputs: list[str | list[int]]) -> tuple[str, list, int]:

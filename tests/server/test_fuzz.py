@@ -502,6 +502,25 @@ def test_fuzz_catalog_routes(server):
     idle(server)
 
 
+UTILITY_BODIES = st.one_of(
+    st.tuples(st.just("/tokenize"), raw_json(body_of({"content": field(TEXT)}, {
+        "add_special": field(st.booleans()), "parse_special": field(st.booleans()),
+        "with_pieces": field(st.booleans()), "model": field(st.sampled_from(["", DEFAULT, "fuzz-minilm"]), TEXT)}))),
+    st.tuples(st.just("/detokenize"), raw_json(body_of({"tokens": field(TOKEN_IDS)}, {
+        "model": field(st.sampled_from(["", DEFAULT, "fuzz-minilm"]), TEXT)}))),
+    st.tuples(st.just("/apply-template"), raw_json(CHAT_BODY)))
+
+
+@bounded(40)
+@given(req=UTILITY_BODIES)
+@example(req=("/tokenize", J({"content": "\ud800"})))
+@example(req=("/detokenize", J({"tokens": [2**70]})))
+@example(req=("/apply-template", J({"messages": [{"role": "user", "content": "hi"}], "tools": ["x"]})))
+def test_fuzz_utility_routes(server, req):
+    path, raw = req
+    fuzz(server, path, raw)
+
+
 def _wait_bench(srv) -> None:
     deadline = time.monotonic() + 120
     while srv.get("/bench")["state"] == "running":
@@ -616,7 +635,8 @@ def test_found_defects(server, path, raw):
 
 JSON_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/audio/speech", "/v1/models/load",
                "/v1/models/unload", "/v1/models/reload", "/v1/models/activate", "/config", "/catalog/download",
-               "/catalog/cancel", "/catalog/serve", "/catalog/import", "/bench"]
+               "/catalog/cancel", "/catalog/serve", "/catalog/import", "/bench", "/tokenize", "/detokenize",
+               "/apply-template"]
 WRONG_TYPES = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None,
                "application/jsonx", "text/json"]
 
