@@ -211,6 +211,23 @@ class Generator:
         m.check_tokens(tokens, "tokens")
         return b"".join(m.model.piece(t, special=True) for t in tokens).decode("utf-8", "replace")
 
+    async def infill(self, model: str | None, prefix: str, suffix: str, prompt: str, sampling: SamplingParams,
+                     ) -> list[Generation]:
+        """Fill in the middle (llama-server's /infill): the model's FIM tokens around prefix and suffix, then
+        generate what goes between (prompt: text the middle starts with)."""
+        self._not_benching()
+        m = self.roster.get(model)
+        if m.model.fim is None:
+            raise UnsupportedByModel(f"model '{m.id}' has no fill-in-the-middle tokens (a code model has them)",
+                                     "model")
+        pre, suf, mid = m.model.fim
+
+        def tokens() -> list[int]:
+            tok = lambda t: m.model.tokenize(t, add_special=False, parse_special=False) if t else []  # noqa: E731
+            head = [m.model.bos_id] if m.model.add_bos and m.model.bos_id >= 0 else []
+            return [*head, pre, *tok(prefix), suf, *tok(suffix), mid, *tok(prompt)]
+        return await self._submit(m, await self._off_loop(tokens), sampling, 1, OutputReading(), chat=False)
+
     async def apply_template(self, req: ChatRequest) -> str:
         """The prompt a chat request renders to (its tools and output format applied), not generated."""
         m = self.roster.get(req.model)

@@ -104,6 +104,8 @@ class LlamaModel:
         tmpl = L.llama_model_chat_template(ptr, None)
         self.chat_template = tmpl.decode("utf-8") if tmpl else None
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
+        fim = (L.llama_vocab_fim_pre(self.vocab), L.llama_vocab_fim_suf(self.vocab), L.llama_vocab_fim_mid(self.vocab))
+        self.fim = fim if min(fim) >= 0 else None  # fill-in-the-middle tokens (prefix, suffix, middle), if any
         self.bos_id = L.llama_vocab_bos(self.vocab)
         self.eos_id = L.llama_vocab_eos(self.vocab)
         self.eog_ids = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)) \

@@ -218,7 +218,8 @@ class StreamOptions:
     logprobs: bool = False
 
 
-def _sampling(f: Fields) -> SamplingParams:
+def sampling_params(f: Fields) -> SamplingParams:
+    """The sampling fields every generating route reads (max_tokens, temperature, penalties, stop, ...)."""
     max_tokens = f.get("max_completion_tokens", int, lo=1)
     if max_tokens is None:
         max_tokens = f.get("max_tokens", int, lo=1)
@@ -383,7 +384,7 @@ def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
     if not messages:
         raise InvalidRequest("'messages' must not be empty", "messages")
     _check_messages(messages)
-    sampling = _sampling(f)
+    sampling = sampling_params(f)
     opts = _stream_options(f)
     response_format = _response_format(f)
     if f.get("logprobs", bool, False):
@@ -423,7 +424,7 @@ def completion_request(body: dict[str, Any]) -> tuple[CompletionRequest, StreamO
         if isinstance(prompt, list) and not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise InvalidRequest("'prompt' must be a string, an array of token ids, or an array of one string; "
                                  "several prompts in one request are not supported yet", "prompt")
-    sampling = _sampling(f)
+    sampling = sampling_params(f)
     opts = _stream_options(f)
     top = f.get("logprobs", int, None, lo=0, hi=5)
     if top is not None:

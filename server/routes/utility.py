@@ -1,10 +1,11 @@
-"""llama-server's utility routes on the same models: /tokenize, /detokenize, /apply-template."""
+"""llama-server's utility routes on the same models: /tokenize, /detokenize, /apply-template, /infill."""
 from __future__ import annotations
 
 from aiohttp import web
 
-from engine.errors import InvalidRequest
-from server import schemas
+from engine.errors import EngineError, InvalidRequest
+from server import schemas, sse
+from server.errors import sse_error_event
 from server.keys import SERVICE
 from server.schemas import Fields, read_json
 
@@ -52,3 +53,45 @@ async def apply_template(request: web.Request) -> web.Response:
     """A chat completion body -> {prompt}: what the model's chat template makes of it."""
     req, _ = schemas.chat_request(await read_json(request))
     return web.json_response({"prompt": await request.app[SERVICE].generator.apply_template(req)})
+
+
+@routes.post("/infill")
+async def infill(request: web.Request) -> web.StreamResponse:
+    """llama-server's fill-in-the-middle: {input_prefix, input_suffix, prompt?, n_predict | max_tokens, sampling,
+    stream?, model?} -> {content, stop, finish_reason, tokens_predicted, tokens_evaluated, timings}."""
+    f = Fields(await read_json(request), "infill")
+    prefix = f.get("input_prefix", str, "")
+    suffix = f.get("input_suffix", str, "")
+    prompt = f.get("prompt", str, "")
+    n_predict = f.get("n_predict", int, lo=1)
+    stream = f.get("stream", bool, False)
+    model = f.get("model", str)
+    sampling = schemas.sampling_params(f)
+    if n_predict is not None and sampling.max_tokens is None:
+        sampling.max_tokens = n_predict
+    f.log_ignored()
+    svc = request.app[SERVICE]
+    gen, = await svc.generator.infill(model, prefix, suffix, prompt, sampling)
+
+    def ending() -> dict:
+        u = gen.usage
+        return {"content": "", "model": gen.model, "stop": True, "finish_reason": gen.finish_reason,
+                "tokens_predicted": u.get("completion_tokens", 0), "tokens_evaluated": u.get("prompt_tokens", 0),
+                "timings": u.get("timings", {})}
+    if not stream:
+        try:
+            text = await gen.text()
+        finally:
+            gen.cancel()
+        return web.json_response({**ending(), "content": text})
+    resp = await sse.open_stream(request)
+    try:
+        async for text in gen.chunks():
+            await resp.write(sse.event({"content": text, "stop": False}))
+        await resp.write(sse.event(ending()))
+    except EngineError as e:
+        await resp.write(sse_error_event(e))
+    finally:
+        gen.cancel()
+    await resp.write_eof()
+    return resp

@@ -17,6 +17,7 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+FIM = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s", "r e", "l l"]
 
 
@@ -34,10 +35,12 @@ def _byte_symbols() -> list[str]:
 
 
 def write(out: Path, layers: int = 2, dim: int = 64, heads: int = 4, kv_heads: int = 2, ff: int = 128,
-          ctx: int = 8192, seed: int = 0, nan_output: bool = False) -> None:
-    """Write the tiny model to out; nan_output: an output projection of NaNs (a broken model's logits)."""
-    tokens = SPECIALS + _byte_symbols() + [m.replace(" ", "") for m in MERGES]
-    types = [gguf.TokenType.CONTROL] * len(SPECIALS) + [gguf.TokenType.NORMAL] * (len(tokens) - len(SPECIALS))
+          ctx: int = 8192, seed: int = 0, nan_output: bool = False, fim: bool = False) -> None:
+    """Write the tiny model to out; nan_output: an output projection of NaNs (a broken model's logits); fim:
+    with fill-in-the-middle tokens declared (as code models have them)."""
+    specials = SPECIALS + (FIM if fim else [])
+    tokens = specials + _byte_symbols() + [m.replace(" ", "") for m in MERGES]
+    types = [gguf.TokenType.CONTROL] * len(specials) + [gguf.TokenType.NORMAL] * (len(tokens) - len(specials))
     rng = np.random.default_rng(seed)
 
     def rnd(*shape: int) -> np.ndarray:
@@ -67,6 +70,10 @@ def write(out: Path, layers: int = 2, dim: int = 64, heads: int = 4, kv_heads: i
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML)
+    if fim:
+        for key, tok in ((gguf.Keys.Tokenizer.FIM_PRE_ID, FIM[0]), (gguf.Keys.Tokenizer.FIM_SUF_ID, FIM[1]),
+                         (gguf.Keys.Tokenizer.FIM_MID_ID, FIM[2])):
+            w.add_uint32(key, tokens.index(tok))
 
     w.add_tensor("token_embd.weight", rnd(len(tokens), dim))
     for i in range(layers):

@@ -508,7 +508,10 @@ UTILITY_BODIES = st.one_of(
         "with_pieces": field(st.booleans()), "model": field(st.sampled_from(["", DEFAULT, "fuzz-minilm"]), TEXT)}))),
     st.tuples(st.just("/detokenize"), raw_json(body_of({"tokens": field(TOKEN_IDS)}, {
         "model": field(st.sampled_from(["", DEFAULT, "fuzz-minilm"]), TEXT)}))),
-    st.tuples(st.just("/apply-template"), raw_json(CHAT_BODY)))
+    st.tuples(st.just("/apply-template"), raw_json(CHAT_BODY)),
+    st.tuples(st.just("/infill"), raw_json(body_of({"input_prefix": field(TEXT)}, {
+        "input_suffix": field(TEXT), "prompt": field(TEXT), "n_predict": field(st.integers(-1, 4)),
+        "stream": field(st.booleans()), "model": field(st.sampled_from(["", DEFAULT]), TEXT), **SAMPLING}))))
 
 
 @bounded(40)
@@ -636,7 +639,7 @@ def test_found_defects(server, path, raw):
 JSON_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/audio/speech", "/v1/models/load",
                "/v1/models/unload", "/v1/models/reload", "/v1/models/activate", "/config", "/catalog/download",
                "/catalog/cancel", "/catalog/serve", "/catalog/import", "/bench", "/tokenize", "/detokenize",
-               "/apply-template"]
+               "/apply-template", "/infill"]
 WRONG_TYPES = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None,
                "application/jsonx", "text/json"]
 

@@ -1,6 +1,10 @@
 """llama-server's utilities: /tokenize, /detokenize, /apply-template, on the served models."""
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from tests.http import call
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
@@ -53,3 +57,43 @@ def test_add_special_adds_the_models_own_markers(smol_server):
     marked = call(smol_server, "POST", "/tokenize", {"content": "hello there", "model": "minilm",
                                                      "add_special": True})[1]["tokens"]
     assert len(marked) == len(plain) + 2 and marked[1:-1] == plain  # BERT's [CLS] ... [SEP]
+
+
+@pytest.fixture(scope="module")
+def fim_server(tmp_path_factory):
+    from tests.assets import tiny_gguf
+    from tests.conftest import LiveServer
+    tmp = tmp_path_factory.mktemp("fim")
+    tiny_gguf.write(tmp / "tiny-fim.gguf", fim=True)
+    srv = LiveServer(["--model", str(tmp / "tiny-fim.gguf"), "--streams", "1"], "", tmp)
+    yield srv
+    srv.stop()
+
+
+def test_infill_prefills_prefix_and_suffix_between_the_fim_tokens(fim_server):
+    body = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n",
+            "n_predict": 6, "temperature": 0, "ignore_eos": True}
+    status, out = call(fim_server, "POST", "/infill", body)
+    assert status == 200 and out["stop"] and out["finish_reason"] == "length" and out["tokens_predicted"] == 6
+    pieces = [call(fim_server, "POST", "/tokenize", {"content": t})[1]["tokens"]
+              for t in ("<fim_prefix>", body["input_prefix"], "<fim_suffix>", body["input_suffix"], "<fim_middle>")]
+    assert all(len(p) >= 1 for p in pieces) and len(pieces[0]) == len(pieces[2]) == len(pieces[4]) == 1
+    assert out["tokens_evaluated"] == sum(len(p) for p in pieces)  # exactly the FIM layout, nothing more
+    # the same as a raw completion of that layout, token for token
+    layout = [t for p in pieces for t in p]
+    same = call(fim_server, "POST", "/v1/completions", {"prompt": layout, "max_tokens": 6, "temperature": 0,
+                                                         "ignore_eos": True})[1]
+    assert out["content"] == same["choices"][0]["text"]
+    events = []
+    import urllib.request
+    req = urllib.request.Request(fim_server.url + "/infill", method="POST", data=json.dumps({**body, "stream": True,
+                                 "prompt": "a"}).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: ")]
+    assert events[-1]["stop"] and not any(e["stop"] for e in events[:-1])
+    assert events[-1]["tokens_evaluated"] == out["tokens_evaluated"] + 1  # the prompt after <fim_middle>
+
+
+def test_infill_needs_a_model_with_fim_tokens(smol_server):
+    status, out = call(smol_server, "POST", "/infill", {"input_prefix": "a", "input_suffix": "b"})
+    assert status == 400 and "fill-in-the-middle" in out["error"]["message"] and out["error"]["param"] == "model"
