@@ -144,7 +144,8 @@ class Service:
         summed = {k: sum(e[k] for e in entries) for k in (
             "gen_tokens", "prefill_tokens", "decode_calls", "prefix_cache_hits", "prefix_cache_reused_tokens",
             "active_streams", "queued_streams", "rejected_requests", "requests", "gen_tok_s", "prefill_tok_s",
-            "forked_choices")}
+            "forked_choices", "kv_reused_tokens", "prefix_attaches", "attached_tokens", "ram_reused_tokens",
+            "disk_reused_tokens")}
         summed["max_streams_per_decode"] = max((e["max_streams_per_decode"] for e in entries), default=0)
         summed["ttft_ms"] = percentiles(v for m in loaded for v in list(m.stats.ttft_ms))
         speech = self.speech.stats()

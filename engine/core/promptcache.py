@@ -184,6 +184,7 @@ class PromptCache:
 
     def stats(self) -> dict[str, int]:
         return {"budget_bytes": self.budget, "entries": len(self._entries), "bytes": self.bytes, "saves": self.saves,
+                "ram_entries": sum(1 for e in self._entries.values() if e.state is not None),
                 "hits": self.hits, "evictions": self.evictions, "reused_tokens": self.reused_tokens,
                 "disk_entries": sum(1 for e in self._entries.values() if e.path is not None),
                 "disk_hits": self.disk_hits, "disk_reused_tokens": self.disk_reused_tokens,

@@ -367,6 +367,14 @@ def test_benchmark_panel_runs_and_keeps_history(gui):
     assert panel.history.count() == 1 and "tiny-random-llama" in panel.history.item(0).text()
 
 
+def test_dashboard_shows_where_reused_prompt_tokens_came_from(gui):
+    gui.run_loop(asyncio.sleep(1.2))  # the dashboard updates once a second
+    text = gui.window.panels["Dashboard"].cache.text()
+    stats = gui.host.service.stats()
+    assert f"prompt cache: <b>{stats['prefix_cache_reused_tokens']}</b> tokens reused" in text, text
+    assert f"from RAM {stats['ram_reused_tokens']}" in text and "conversations in RAM" in text
+
+
 def test_a_second_launch_activates_the_first(qapp):
     first = InstanceGuard("llamadesk-test-guard")
     assert first.listen()

@@ -48,7 +48,7 @@ def start(name: str, args, model: Path) -> System:
         cfg.write_text("")
         return System(name, [sys.executable, "-m", "app", "--no-gui", "--config", str(cfg), "-m", str(model), "--port",
                              str(port), "--threads", t, "--streams", "4", "--ctx", str(ctx), "--log-level", "warning",
-                             "--access-log", "off"], port, {})
+                             "--access-log", "off", "--cache-disk", "0"], port, {})  # each rep starts cold
     binary = args.llama_server or str(Path.home() / ".cache/llamadesk/llama.cpp-0.3.36/build/bin/llama-server")
     return System(name, [binary, "-m", str(model), "--port", str(port), "-t", t, "-tb", t, "-np", "4", "-kvu",
                          "-c", str(ctx * 4), "--no-webui"], port, {})

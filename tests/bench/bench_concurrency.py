@@ -133,7 +133,7 @@ def start_systems(args, model: Path) -> list[System]:
         cfg.write_text("")
         systems.append(System("llamadesk", [sys.executable, "-m", "app", "--no-gui", "--config", str(cfg), "-m",
                                             str(model), "--port", str(port), "--threads", t, "--streams", "4",
-                                            "--ctx", str(ctx), "--log-level", "warning"], port,
+                                            "--ctx", str(ctx), "--log-level", "warning", "--cache-disk", "0"], port,
                               {"ignore_eos": True}))
     if "llama-cpp-python" in args.systems:
         port = free_port()

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import collections
 import json
-import os
 import random
 import socket
 import statistics
@@ -61,7 +60,8 @@ class Server:
         cfg.write_text(toml)
         self.log_path = Path(self.dir.name) / "server.log"
         self.log = open(self.log_path, "w")
-        cmd = [sys.executable, "-m", "app", "--no-gui", "--config", str(cfg), "--host", "127.0.0.1", "--port",
+        cmd = [sys.executable, "-m", "app", "--no-gui", "--config", str(cfg), "--cache-disk", "0",
+               "--host", "127.0.0.1", "--port",
                str(self.port), "--log-level", "warning", "--access-log", "off"]
         if threads:
             cmd += ["--threads", str(threads)]

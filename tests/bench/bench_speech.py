@@ -92,7 +92,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "c.toml"
         cfg.write_text("")
-        proc = subprocess.Popen([sys.executable, "-m", "app", "--no-gui", "--config", str(cfg), "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "app", "--no-gui", "--config", str(cfg), "--cache-disk", "0",
+                                 "--port", str(port),
                                  "--asr", str(w), "--tts", str(assets["piper"]), "--log-level", "warning"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
         url = f"http://127.0.0.1:{port}"

@@ -53,6 +53,8 @@ class DashboardPanel(QWidget):
         self.memory = Chart("Memory", [("rss", "#7f8c8d")], "MB")
         self.summary = QLabel()
         self.summary.setWordWrap(True)
+        self.cache = QLabel()  # where reused prompt tokens came from
+        self.cache.setWordWrap(True)
         self.speech = QLabel()  # the speech workers beside the LLM
         self.speech.setWordWrap(True)
         charts = QGridLayout()
@@ -69,6 +71,7 @@ class DashboardPanel(QWidget):
         QVBoxLayout(lanes).addWidget(self.table)
         layout = QVBoxLayout(self)
         layout.addWidget(self.summary)
+        layout.addWidget(self.cache)
         layout.addWidget(self.speech)
         layout.addLayout(charts, 3)
         layout.addWidget(lanes, 2)
@@ -86,6 +89,7 @@ class DashboardPanel(QWidget):
             f"<b>{stats['decode_calls']}</b> decodes (up to {stats['max_streams_per_decode']} streams per decode) · "
             f"prefix cache hits <b>{stats['prefix_cache_hits']}</b> · TTFT p50 {t['p50']:.0f} ms, "
             f"p95 {t['p95']:.0f} ms · {stats['hardware']}")
+        self.cache.setText(_cache_line(stats))
         self.speech.setText(" · ".join(_speech_line(what, stats.get(kind, {}))
                                        for kind, what in (("asr", "speech to text"), ("tts", "text to speech"))))
 
@@ -125,3 +129,15 @@ def _speech_line(what: str, worker: dict) -> str:
     rtf = f", RTF {worker['rtf']:.3f}" if worker.get("rtf") is not None else ""
     return (f"{what}: <b>{worker['model']}</b> {worker['state']}, {worker['queued']} queued, "
             f"{worker['jobs']} jobs{rtf}")
+
+
+def _cache_line(stats: dict) -> str:
+    """Prompt tokens reused instead of prefilled, by source, and the host-RAM cache's size."""
+    caches = [m["prompt_cache"] for m in stats.get("models", []) if m.get("prompt_cache")]
+    held = sum(c["bytes"] for c in caches) / 2**20
+    in_ram = sum(c["ram_entries"] for c in caches)
+    on_disk = sum(c["entries"] - c["ram_entries"] for c in caches)
+    return (f"prompt cache: <b>{stats.get('prefix_cache_reused_tokens', 0)}</b> tokens reused (in the sequence "
+            f"{stats.get('kv_reused_tokens', 0)} · attached from another {stats.get('attached_tokens', 0)} · "
+            f"from RAM {stats.get('ram_reused_tokens', 0)} · from disk {stats.get('disk_reused_tokens', 0)}) · "
+            f"{in_ram} conversations in RAM ({held:.0f} MB)" + (f", {on_disk} more on disk" if on_disk else ""))
