@@ -294,7 +294,7 @@ _TOOL_CHOICES = ("none", "auto", "required")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's (plus '.'): it goes into grammars and call syntax
 
 
-def _check_messages(messages: list) -> None:
+def check_messages(messages: list) -> None:
     """Each message's role, content, name and tool_calls have the OpenAI shape (the engine relies on it)."""
     for i, m in enumerate(messages):
         at = f"messages[{i}]"
@@ -338,7 +338,7 @@ def _check_messages(messages: list) -> None:
                 raise InvalidRequest(f"{where}.function.arguments must be a JSON string (or an object)", "messages")
 
 
-def _tools(f: Fields) -> list[dict] | None:
+def tools_field(f: Fields) -> list[dict] | None:
     """The tools array, each a function with a usable name and a JSON schema for its parameters."""
     tools = f.get("tools", list)
     for i, t in enumerate(tools or []):
@@ -383,7 +383,7 @@ def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
         raise InvalidRequest("'messages' is required", "messages")
     if not messages:
         raise InvalidRequest("'messages' must not be empty", "messages")
-    _check_messages(messages)
+    check_messages(messages)
     sampling = sampling_params(f)
     opts = _stream_options(f)
     response_format = _response_format(f)
@@ -404,7 +404,7 @@ def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
     thinking = f.get("enable_thinking", bool)
     if thinking is not None:
         kwargs["enable_thinking"] = thinking
-    tools = _tools(f)
+    tools = tools_field(f)
     tool_choice = _tool_choice(f)
     f.log_ignored()
     return ChatRequest(model, messages, sampling, truncation, kwargs, tools=tools, tool_choice=tool_choice,

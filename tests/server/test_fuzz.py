@@ -524,6 +524,45 @@ def test_fuzz_utility_routes(server, req):
     fuzz(server, path, raw)
 
 
+OLLAMA_OPTIONS = st.dictionaries(st.sampled_from(["temperature", "top_p", "top_k", "min_p", "num_predict", "stop",
+                                                 "seed", "repeat_penalty", "repeat_last_n", "presence_penalty",
+                                                 "frequency_penalty", "num_ctx", "mirostat"]),
+                                 st.one_of(st.integers(-2, 5), st.floats(allow_nan=True), TEXT, JUNK), max_size=4)
+OLLAMA_MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "tool"]),
+                                                  "content": TEXT}, optional={"images": JUNK, "tool_calls": JUNK,
+                                                                              "thinking": TEXT}), max_size=3)
+OLLAMA_BODIES = st.one_of(
+    st.tuples(st.just("/api/chat"), raw_json(body_of({"model": field(st.sampled_from([DEFAULT, "nope"]), TEXT)}, {
+        "messages": field(OLLAMA_MESSAGES), "stream": field(st.booleans()), "options": field(OLLAMA_OPTIONS),
+        "format": field(st.sampled_from(["json", "", "yaml", {"type": "object"}])), "think": field(st.booleans()),
+        "tools": field(st.lists(TOOL, max_size=1))}))),
+    st.tuples(st.just("/api/generate"), raw_json(body_of({"model": field(st.sampled_from([DEFAULT]), TEXT)}, {
+        "prompt": field(TEXT), "system": field(TEXT), "raw": field(st.booleans()), "stream": field(st.booleans()),
+        "options": field(OLLAMA_OPTIONS), "format": field(st.sampled_from(["json", {"type": "object"}]))}))),
+    st.tuples(st.just("/api/embed"), raw_json(body_of({"model": field(st.sampled_from(["fuzz-minilm", DEFAULT]))}, {
+        "input": field(EMBEDDING_INPUT)}))),
+    st.tuples(st.just("/api/show"), raw_json(body_of({}, {"model": field(st.sampled_from([DEFAULT, "nope"]), TEXT)}))))
+
+
+@bounded(40)
+@given(req=OLLAMA_BODIES)
+@example(req=("/api/chat", Raw(b'{"model": "fuzz-tiny", "messages": [{"role": "user", "content": "hi"}], '
+                             b'"options": {"temperature": NaN}}')))
+@example(req=("/api/chat", J({"model": "fuzz-tiny", "messages": [{"role": "user", "content": "hi",
+                                                                  "tool_calls": [{"function": 5}]}]})))
+def test_fuzz_ollama_routes(server, req):
+    """Never a 5xx; errors in Ollama's shape {"error": "..."}, also as the last line of a stream."""
+    path, raw = req
+    r = send(server, path, raw.data, raw.content_type)
+    assert 200 <= r.status < 500, (path, r.status, r.body[:300])
+    if r.status >= 400:
+        assert isinstance(json.loads(r.body)["error"], str)
+    elif r.content_type.startswith("application/x-ndjson"):
+        lines = [json.loads(x) for x in r.body.split(b"\n") if x.strip()]
+        assert lines and (lines[-1].get("done") or isinstance(lines[-1].get("error"), str)), lines[-1:]
+    idle(server)
+
+
 def _wait_bench(srv) -> None:
     deadline = time.monotonic() + 120
     while srv.get("/bench")["state"] == "running":
