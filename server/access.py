@@ -69,7 +69,8 @@ def loopback_only(handler):
     @functools.wraps(handler)
     async def wrapper(request: web.Request) -> web.StreamResponse:
         if not is_loopback(request):
-            return json_error(403, f"{request.path} is only available from this machine", "permission_error")
+            return json_error(403, f"{request.path} is only available from this machine", "permission_error",
+                              request=request)
         return await handler(request)
     return wrapper
 
@@ -166,18 +167,18 @@ def guard_middleware(policy: Policy):
                         request.path, host, request.headers.get("Origin", "-"))
             return json_error(403, f"this server does not answer to the host name '{host_name(host)}' (a guard "
                               "against DNS rebinding); allow it with --allowed-hosts", "permission_error",
-                              None, "host_not_allowed")
+                              None, "host_not_allowed", request)
         origin = request.headers.get("Origin")
         if origin is not None and not policy.origin_allowed(origin, host):
             log.warning("refused %s %s from the web page origin %r", request.method, request.path, origin)
             return json_error(403, f"requests from web pages on {origin} are refused (a guard against cross-site "
                               "requests); allow that origin with --cors-origins", "permission_error",
-                              None, "origin_not_allowed")
+                              None, "origin_not_allowed", request)
         if origin is None and request.method not in ("GET", "HEAD", "OPTIONS") and \
                 request.headers.get("Sec-Fetch-Site") in ("cross-site", "same-site"):
             log.warning("refused %s %s: a cross-site browser request without Origin", request.method, request.path)
             return json_error(403, "cross-site browser requests are refused", "permission_error", None,
-                              "origin_not_allowed")
+                              "origin_not_allowed", request)
         if origin is not None and request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             resp: web.StreamResponse = web.Response(status=204)  # the preflight needs no API key
             resp.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
@@ -186,7 +187,7 @@ def guard_middleware(policy: Policy):
             resp.headers["Access-Control-Max-Age"] = "600"
         elif request.path not in OPEN_ROUTES and not policy.key_ok(request):
             resp = json_error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                              "authentication_error", None, "invalid_api_key")
+                              "authentication_error", None, "invalid_api_key", request)
         else:
             resp = await handler(request)
         if origin is not None:

@@ -44,9 +44,14 @@ def classify(exc: E.EngineError) -> tuple[int, dict]:
     raise AssertionError("unreachable: EngineError is the last entry")
 
 
+OLLAMA_PREFIX = "/api/"  # the Ollama API's routes answer errors in its own shape: {"error": "message"}
+
+
 def json_error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> web.Response:
-    """An error response in the OpenAI shape."""
+               code: str | None = None, request: web.Request | None = None) -> web.Response:
+    """An error response in the OpenAI shape, or in the Ollama API's for its routes (given the request)."""
+    if request is not None and request.path.startswith(OLLAMA_PREFIX):
+        return web.json_response({"error": message}, status=status)
     return web.json_response(error_body(message, type_, param, code), status=status)
 
 
@@ -75,6 +80,8 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     except E.EngineError as e:
         status, body = classify(e)
         log.info("%s %s -> %d: %s", request.method, request.path, status, e.message)
+        if request.path.startswith(OLLAMA_PREFIX):
+            return web.json_response({"error": e.message}, status=status)
         return web.json_response(body, status=status)
     except web.HTTPException as e:
         if e.status < 400:
@@ -91,14 +98,14 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         else:
             message = e.text or e.reason
         log.warning("%s %s -> %d: %s", request.method, request.path, e.status, message)
-        return json_error(e.status, message, type_, None, code)
+        return json_error(e.status, message, type_, None, code, request)
     except ConnectionError as e:  # the client went away mid-response: nothing to tell it, nothing to trace
         log.info("%s %s: client went away (%s)", request.method, request.path, e)
         # aiohttp's writing this one fails quietly too; 499 is what the access log shows (nginx's "client closed")
         return web.Response(status=499, reason="Client Closed Request")
     except Exception:
         log.exception("%s %s failed", request.method, request.path)
-        return json_error(500, "internal server error (logged)", "server_error")
+        return json_error(500, "internal server error (logged)", "server_error", request=request)
 
 
 MAX_BODY_KEY = web.AppKey("max_body_bytes", int)

@@ -1,8 +1,8 @@
 """The Ollama API (/api/*) on the same engine, templates, tool parsers, grammars and reasoning split as
-chat completions: a translation layer, no second engine path. Errors come in Ollama's shape {"error": "..."}."""
+chat completions: a translation layer, no second engine path. Errors come in Ollama's shape {"error": "..."}
+(server/errors.py answers so for every /api/ path)."""
 from __future__ import annotations
 
-import functools
 import json
 import time
 from datetime import datetime, timezone
@@ -15,7 +15,6 @@ from engine.requests import ChatRequest, CompletionRequest, SamplingParams
 from engine.system import VERSION
 from engine.tools import ReplyReader, assemble
 from server import schemas
-from server.errors import classify
 from server.keys import SERVICE
 from server.schemas import Fields, read_json
 
@@ -26,18 +25,6 @@ OPTIONS = {"temperature": ("temperature", float), "top_p": ("top_p", float), "to
            "min_p": ("min_p", float), "num_predict": ("max_tokens", int), "stop": ("stop", (str, list)),
            "seed": ("seed", int), "repeat_penalty": ("repeat_penalty", float),
            "presence_penalty": ("presence_penalty", float), "frequency_penalty": ("frequency_penalty", float)}
-
-
-def _ollama_errors(handler):
-    """Engine errors as Ollama's {"error": message} with the same status codes as everywhere."""
-    @functools.wraps(handler)
-    async def wrapper(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except EngineError as e:
-            status, _ = classify(e)
-            return web.json_response({"error": e.message}, status=status)
-    return wrapper
 
 
 def _now() -> str:
@@ -166,7 +153,6 @@ async def ps(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/show")
-@_ollama_errors
 async def show(request: web.Request) -> web.Response:
     f = Fields(await read_json(request), "ollama.show")
     name = f.get("model", str) or f.get("name", str)
@@ -185,7 +171,6 @@ async def show(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/chat")
-@_ollama_errors
 async def chat(request: web.Request) -> web.StreamResponse:
     """A chat turn: streamed as NDJSON lines by default ("stream": false for one object)."""
     f = Fields(await read_json(request), "ollama.chat")
@@ -245,7 +230,6 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 
 @routes.post("/api/generate")
-@_ollama_errors
 async def generate(request: web.Request) -> web.StreamResponse:
     """A completion: the prompt through the model's chat template (with "system"), or as it is with "raw"."""
     f = Fields(await read_json(request), "ollama.generate")
@@ -292,7 +276,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
 
 @routes.post("/api/embed")
-@_ollama_errors
 async def embed(request: web.Request) -> web.Response:
     """{model, input: text or texts} -> {model, embeddings: [[...]], prompt_eval_count}."""
     f = Fields(await read_json(request), "ollama.embed")

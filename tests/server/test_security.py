@@ -195,3 +195,20 @@ def test_an_undecodable_authorization_header_is_a_401(keyed):
     assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
     assert b"invalid_api_key" in reply
     assert raw(keyed, "GET", "/health")[0] == 200
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/api/chat", {"model": "tiny-random-llama", "messages": [{"role": "user", "content": "hi"}]}),
+    ("/api/generate", {"model": "tiny-random-llama", "prompt": "hi"}),
+    ("/tokenize", {"content": "hi"}), ("/infill", {"input_prefix": "a"})])
+def test_the_other_protocols_refuse_foreign_pages_and_hosts_in_their_own_shape(server, path, body):
+    status, out, _ = raw(server, "POST", path, body, EVIL)
+    assert status == 403
+    status2, out2, _ = raw(server, "POST", path, body, {"Content-Type": "application/json"}, host="evil.example")
+    assert status2 == 403
+    if path.startswith("/api/"):  # Ollama's {"error": "..."}
+        assert isinstance(out["error"], str) and "evil.example" in out["error"] and isinstance(out2["error"], str)
+        status3, out3, _ = raw(server, "POST", path, json.dumps(body).encode(), {"Content-Type": "text/plain"})
+        assert status3 == 415 and isinstance(out3["error"], str)
+    else:
+        assert out["error"]["code"] == "origin_not_allowed" and out2["error"]["code"] == "host_not_allowed"
