@@ -110,14 +110,37 @@ def _openai_call(c: Any, i: int, j: int) -> Any:
             "function": {"name": fn.get("name"), "arguments": args if isinstance(args, str) else json.dumps(args)}}
 
 
-async def _ndjson(request: web.Request) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-    await resp.prepare(request)
-    return resp
-
-
 def _line(obj: dict) -> bytes:
     return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+
+
+async def _reply(request: web.Request, gen, t0: float, stream: bool, parts, whole, empty: dict) -> web.StreamResponse:
+    """One object (whole()), or NDJSON lines: each of parts, then the ending with empty; an engine failure after
+    the first line ends the stream with an {"error"} line. The engine request is aborted on the way out."""
+    def line(obj: dict, done: bool = False) -> bytes:
+        head = {"model": gen.model, "created_at": _now()}
+        if done:  # the finish reason and counts exist once the generation ended
+            head |= {"done": True, "done_reason": "length" if gen.finish_reason == "length" else "stop",
+                     **_durations(gen, t0)}
+        else:
+            head["done"] = False
+        return _line({**head, **obj})
+    try:
+        if not stream:
+            body = await whole()
+            return web.Response(body=line(body, done=True), content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        try:
+            async for part in parts:
+                await resp.write(line(part))
+            await resp.write(line(empty, done=True))
+        except EngineError as e:
+            await resp.write(_line({"error": e.message}))
+        await resp.write_eof()
+        return resp
+    finally:
+        gen.cancel()
 
 
 @routes.get("/api/version")
@@ -188,7 +211,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     gen, = await request.app[SERVICE].chat(req)
     reader = ReplyReader(gen.reading, streaming=False)  # calls come whole, as Ollama sends them
 
-    def message(content: str, thinking: str, calls: list[dict]) -> dict:
+    def message(content: str, thinking: str = "", calls: list[dict] | None = None) -> dict:
         msg: dict[str, Any] = {"role": "assistant", "content": content}
         if thinking:
             msg["thinking"] = thinking
@@ -196,37 +219,26 @@ async def chat(request: web.Request) -> web.StreamResponse:
             msg["tool_calls"] = _calls(calls)
         return msg
 
-    def ending() -> dict:
-        reason = "length" if gen.finish_reason == "length" else "stop"
-        return {"model": gen.model, "created_at": _now(), "done": True, "done_reason": reason, **_durations(gen, t0)}
-    try:
-        if not stream:
-            text = await gen.text()
-            if reader.parser is None:
-                content, thinking, calls = text, "", []
-            else:
-                content, thinking, calls = assemble(reader.events(text) + reader.events(None))
-            return web.json_response({**ending(), "message": message(content, thinking, calls)})
-        resp = await _ndjson(request)
-        try:
-            async for text in gen.chunks():
-                events = reader.events(text) if reader.parser else None
-                content, thinking, calls = assemble(events) if events is not None else (text, "", [])
-                if content or thinking or calls:
-                    await resp.write(_line({"model": gen.model, "created_at": _now(),
-                                            "message": message(content, thinking, calls), "done": False}))
-            if reader.parser is not None:
-                content, thinking, calls = assemble(reader.events(None))
-                if content or thinking or calls:
-                    await resp.write(_line({"model": gen.model, "created_at": _now(),
-                                            "message": message(content, thinking, calls), "done": False}))
-            await resp.write(_line({**ending(), "message": message("", "", [])}))
-        except EngineError as e:
-            await resp.write(_line({"error": e.message}))
-        await resp.write_eof()
-        return resp
-    finally:
-        gen.cancel()
+    def read(text: str | None) -> dict | None:  # a piece of the reply (None: its end) as a message, if any
+        if reader.parser is None:
+            return {"message": message(text)} if text else None
+        content, thinking, calls = assemble(reader.events(text))
+        return {"message": message(content, thinking, calls)} if content or thinking or calls else None
+
+    async def parts():
+        async for text in gen.chunks():
+            if (part := read(text)) is not None:
+                yield part
+        if (part := read(None)) is not None:
+            yield part
+
+    async def whole() -> dict:
+        text = await gen.text()
+        if reader.parser is None:
+            return {"message": message(text)}
+        content, thinking, calls = assemble(reader.events(text) + reader.events(None))
+        return {"message": message(content, thinking, calls)}
+    return await _reply(request, gen, t0, stream, parts(), whole, {"message": message("")})
 
 
 @routes.post("/api/generate")
@@ -255,24 +267,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         gen, = await svc.chat(ChatRequest(model, messages, sampling, response_format=fmt))
 
-    def ending() -> dict:
-        reason = "length" if gen.finish_reason == "length" else "stop"
-        return {"model": gen.model, "created_at": _now(), "done": True, "done_reason": reason, **_durations(gen, t0)}
-    try:
-        if not stream:
-            text = await gen.text()  # first: the ending's reason and counts exist once it is done
-            return web.json_response({**ending(), "response": text})
-        resp = await _ndjson(request)
-        try:
-            async for text in gen.chunks():
-                await resp.write(_line({"model": gen.model, "created_at": _now(), "response": text, "done": False}))
-            await resp.write(_line({**ending(), "response": ""}))
-        except EngineError as e:
-            await resp.write(_line({"error": e.message}))
-        await resp.write_eof()
-        return resp
-    finally:
-        gen.cancel()
+    async def parts():
+        async for text in gen.chunks():
+            yield {"response": text}
+
+    async def whole() -> dict:
+        return {"response": await gen.text()}
+    return await _reply(request, gen, t0, stream, parts(), whole, {"response": ""})
 
 
 @routes.post("/api/embed")

@@ -15,6 +15,7 @@ class FakeRunner:
 
     def tick(self) -> bool:
         self.sched.admit()
+        self.attach()
         step = self.sched.schedule()
         if step.n_tokens == 0:
             return False
@@ -28,6 +29,9 @@ class FakeRunner:
             if len(s.generated) >= self.max_new:
                 self.sched.finish(s)
         return True
+
+    def attach(self) -> None:
+        """What the real runner does between admission and planning (SharingRunner: attach prefixes)."""
 
 
 def stream(name: str, n: int, base: int = 0) -> Stream:
@@ -122,25 +126,11 @@ def test_cancel_while_queued_or_running():
 class SharingRunner(FakeRunner):
     """A fake runner over a unified pool: attaches the longest prefix another sequence holds, as the real one."""
 
-    def tick(self) -> bool:
-        self.sched.admit()
+    def attach(self) -> None:
         for s in list(self.sched.running):
             src = self.sched.attach_source(s)
             if src is not None:
                 self.sched.attached(s, src[1])
-        step = self.sched.schedule()
-        if step.n_tokens == 0:
-            return False
-        self.steps.append(step)
-        self.sched.advance(step)
-        sampled = list(step.decode) + [s for s, _ in step.prefill if self.sched.prompt_done(s)]
-        for s in sampled:
-            if s.state is StreamState.PREFILL:
-                self.sched.start_decoding(s)
-            s.generated.append(1000 + len(s.generated))
-            if len(s.generated) >= self.max_new:
-                self.sched.finish(s)
-        return True
 
 
 def test_a_burst_sharing_a_prefix_computes_it_once():
