@@ -35,9 +35,9 @@ class SettingsPanel(QWidget):
         scroll.setWidgetResizable(True)
         scroll.setWidget(form_host)
         # Serving beyond loopback needs an API key: the switch makes one and shows it to copy.
-        self.network = QCheckBox("Serve on the local network (other machines connect with an API key)")
-        self.network.setToolTip("Binds 0.0.0.0 instead of 127.0.0.1. Every request then needs "
-                                "'Authorization: Bearer <key>'; /health stays open.")
+        self.network = QCheckBox("Serve on the local network")
+        self.network.setToolTip("Binds 0.0.0.0 instead of 127.0.0.1: other machines connect with the API key "
+                                "('Authorization: Bearer <key>' on every request; /health stays open).")
         self.network.toggled.connect(self.on_network_toggled)
         self.key_line = QLabel()
         self.key_line.setTextInteractionFlags(self.key_line.textInteractionFlags().TextSelectableByMouse)
