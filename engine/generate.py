@@ -209,7 +209,8 @@ class Generator:
         """The text token ids stand for (special tokens as their text; invalid UTF-8 as U+FFFD)."""
         m = self.roster.get(model)
         m.check_tokens(tokens, "tokens")
-        return b"".join(m.model.piece(t, special=True) for t in tokens).decode("utf-8", "replace")
+        return await self._off_loop(
+            lambda: b"".join(m.model.piece(t, special=True) for t in tokens).decode("utf-8", "replace"))
 
     async def infill(self, model: str | None, prefix: str, suffix: str, prompt: str, sampling: SamplingParams,
                      ) -> list[Generation]:
@@ -222,8 +223,10 @@ class Generator:
                                      "model")
         pre, suf, mid = m.model.fim
 
+        def tok(text: str) -> list[int]:
+            return m.model.tokenize(text, add_special=False, parse_special=False) if text else []
+
         def tokens() -> list[int]:
-            tok = lambda t: m.model.tokenize(t, add_special=False, parse_special=False) if t else []  # noqa: E731
             head = [m.model.bos_id] if m.model.add_bos and m.model.bos_id >= 0 else []
             return [*head, pre, *tok(prefix), suf, *tok(suffix), mid, *tok(prompt)]
         return await self._submit(m, await self._off_loop(tokens), sampling, 1, OutputReading(), chat=False)

@@ -212,3 +212,14 @@ def test_the_other_protocols_refuse_foreign_pages_and_hosts_in_their_own_shape(s
         assert status3 == 415 and isinstance(out3["error"], str)
     else:
         assert out["error"]["code"] == "origin_not_allowed" and out2["error"]["code"] == "host_not_allowed"
+
+
+def test_access_log_off_writes_no_line(assets, tmp_path, caplog):
+    srv = LiveServer(["--model", str(assets["tiny"]), "--access-log", "off"], "", tmp_path)
+    try:
+        with caplog.at_level(logging.INFO, logger="llamadesk.access"):
+            assert raw(srv, "GET", "/v1/models")[0] == 200
+            assert raw(srv, "POST", "/v1/chat/completions", _chat(), EVIL)[0] == 403  # still refused
+        assert not [r for r in caplog.records if r.name == "llamadesk.access"]
+    finally:
+        srv.stop()
