@@ -8,6 +8,9 @@ import logging
 from pathlib import Path
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from engine.config import NETWORK_KEYS, OPTIONS, ConfigError, ModelEntry
 from engine.errors import EngineStopped as ServiceUnavailable
@@ -36,59 +39,88 @@ async def streams(request: web.Request) -> web.Response:
     return web.json_response(request.app[SERVICE].streams())
 
 
-def _prometheus(stats: dict) -> str:
-    """The /v1/stats counters in Prometheus' text format."""
-    lines: list[str] = []
+# (stats key, kind, help) of each per-model series in /metrics
+_MODEL_SERIES = (
+    ("gen_tokens", "counter", "tokens generated"), ("prefill_tokens", "counter", "prompt tokens prefilled"),
+    ("decode_calls", "counter", "llama_decode calls"), ("requests", "counter", "generation requests accepted"),
+    ("rejected_requests", "counter", "requests refused with 503 (queue full)"),
+    ("prefix_cache_hits", "counter", "requests that reused a cached prompt prefix"),
+    ("prefix_cache_reused_tokens", "counter", "prompt tokens taken from the prefix cache"),
+    ("kv_reused_tokens", "counter", "prompt tokens found in the sequence a request was given"),
+    ("attached_tokens", "counter", "prompt tokens attached from another sequence's cells"),
+    ("prefix_attaches", "counter", "requests that attached a prefix held by another sequence"),
+    ("ram_reused_tokens", "counter", "prompt tokens restored from the host-RAM prompt cache"),
+    ("forked_choices", "counter", "n > 1 choices that took the first one's prompt KV"),
+    ("active_streams", "gauge", "streams prefilling or decoding"), ("queued_streams", "gauge", "streams waiting"),
+    ("max_streams_per_decode", "gauge", "most streams stepped by one decode"),
+    ("gen_tok_s", "gauge", "generated tokens per second, recent"))
+_CACHE_SERIES = (("entries", "gauge", "entries"), ("bytes", "gauge", "bytes held"),
+                 ("hits", "counter", "restores"), ("evictions", "counter", "entries evicted (LRU)"))
 
-    def metric(name: str, kind: str, help_: str, samples: list[tuple[dict, float]]) -> None:
-        lines.append(f"# HELP llamadesk_{name} {help_}")
-        lines.append(f"# TYPE llamadesk_{name} {kind}")
-        for labels, value in samples:
-            lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
-            lines.append(f"llamadesk_{name}{{{lab}}} {value}" if lab else f"llamadesk_{name} {value}")
 
-    per_model = stats["models"]
-    for key, kind, help_ in (
-            ("gen_tokens", "counter", "tokens generated"), ("prefill_tokens", "counter", "prompt tokens prefilled"),
-            ("decode_calls", "counter", "llama_decode calls"), ("requests", "counter", "generation requests accepted"),
-            ("rejected_requests", "counter", "requests refused with 503 (queue full)"),
-            ("prefix_cache_hits", "counter", "requests that reused a cached prompt prefix"),
-            ("prefix_cache_reused_tokens", "counter", "prompt tokens taken from the prefix cache"),
-            ("kv_reused_tokens", "counter", "prompt tokens found in the sequence a request was given"),
-            ("attached_tokens", "counter", "prompt tokens attached from another sequence's cells"),
-            ("prefix_attaches", "counter", "requests that attached a prefix held by another sequence"),
-            ("ram_reused_tokens", "counter", "prompt tokens restored from the host-RAM prompt cache"),
-            ("forked_choices", "counter", "n > 1 choices that took the first one's prompt KV"),
-            ("active_streams", "gauge", "streams prefilling or decoding"), ("queued_streams", "gauge", "streams waiting"),
-            ("max_streams_per_decode", "gauge", "most streams stepped by one decode"),
-            ("gen_tok_s", "gauge", "generated tokens per second, recent")):
-        name = key + ("_total" if kind == "counter" else "")
-        metric(name, kind, help_, [({"model": m["id"]}, m[key]) for m in per_model])
-    metric("ttft_ms", "gauge", "time to first token, recent requests",
-           [({"model": m["id"], "stat": q}, m["ttft_ms"][q]) for m in per_model for q in ("avg", "p50", "p95")])
-    caches = [(m["id"], m["prompt_cache"]) for m in per_model if m.get("prompt_cache")]
-    for key, kind, help_ in (("entries", "gauge", "entries"), ("bytes", "gauge", "bytes held"),
-                             ("hits", "counter", "restores"), ("evictions", "counter", "entries evicted (LRU)")):
-        metric(f"prompt_cache_{key}" + ("_total" if kind == "counter" else ""), kind,
-               f"host-RAM prompt cache: {help_}", [({"model": mid}, c[key]) for mid, c in caches])
-    metric("rss_bytes", "gauge", "resident memory of the process", [({}, stats["memory"]["rss_bytes"])])
-    metric("uptime_seconds", "gauge", "seconds since start", [({}, stats["uptime_s"])])
-    for kind in ("asr", "tts"):
-        s = stats.get(kind) or {}
-        if "jobs" in s:
-            metric(f"{kind}_jobs_total", "counter", f"{kind.upper()} jobs done", [({"model": s["model"]}, s["jobs"])])
-            metric(f"{kind}_queued", "gauge", f"{kind.upper()} jobs waiting", [({"model": s["model"]}, s["queued"])])
+class _StatsCollector:
+    """The /v1/stats snapshot as Prometheus metric families (prometheus_client writes the exposition text)."""
+
+    def __init__(self, stats: dict):
+        self.stats = stats
+
+    @staticmethod
+    def family(name: str, kind: str, help_: str, labels: list[str]):
+        cls = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+        return cls(f"llamadesk_{name}", help_, labels=labels)
+
+    def collect(self):
+        per_model = self.stats["models"]
+        for key, kind, help_ in _MODEL_SERIES:
+            fam = self.family(key, kind, help_, ["model"])
+            for m in per_model:
+                fam.add_metric([m["id"]], m[key])
+            yield fam
+        ttft = self.family("ttft_ms", "gauge", "time to first token, recent requests", ["model", "stat"])
+        for m in per_model:
+            for q in ("avg", "p50", "p95"):
+                ttft.add_metric([m["id"], q], m["ttft_ms"][q])
+        yield ttft
+        caches = [(m["id"], m["prompt_cache"]) for m in per_model if m.get("prompt_cache")]
+        for key, kind, help_ in _CACHE_SERIES:
+            fam = self.family(f"prompt_cache_{key}", kind, f"host-RAM prompt cache: {help_}", ["model"])
+            for mid, c in caches:
+                fam.add_metric([mid], c[key])
+            yield fam
+        yield GaugeMetricFamily("llamadesk_rss_bytes", "resident memory of the process",
+                                value=self.stats["memory"]["rss_bytes"])
+        yield GaugeMetricFamily("llamadesk_uptime_seconds", "seconds since start", value=self.stats["uptime_s"])
+        yield from self._speech()
+
+    def _speech(self):
+        for kind in ("asr", "tts"):
+            s = self.stats.get(kind) or {}
+            if "jobs" not in s:
+                continue
+            jobs = self.family(f"{kind}_jobs", "counter", f"{kind.upper()} jobs done", ["model"])
+            jobs.add_metric([s["model"]], s["jobs"])
+            queued = self.family(f"{kind}_queued", "gauge", f"{kind.upper()} jobs waiting", ["model"])
+            queued.add_metric([s["model"]], s["queued"])
+            yield jobs
+            yield queued
             if s.get("rtf") is not None:
-                metric(f"{kind}_rtf", "gauge", "seconds of compute per second of audio",
-                       [({"model": s["model"]}, s["rtf"])])
-    return "\n".join(lines) + "\n"
+                rtf = self.family(f"{kind}_rtf", "gauge", "seconds of compute per second of audio", ["model"])
+                rtf.add_metric([s["model"]], s["rtf"])
+                yield rtf
+
+
+def prometheus_text(stats: dict) -> bytes:
+    """The /v1/stats counters in Prometheus' text format 0.0.4."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_StatsCollector(stats))
+    return generate_latest(registry)
 
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=_prometheus(request.app[SERVICE].stats()).encode(),  # Prometheus' text format 0.0.4
-                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8",
-                                 "X-Content-Type-Options": "nosniff"})
+    """Prometheus metrics: the /v1/stats counters, per model."""
+    return web.Response(body=prometheus_text(request.app[SERVICE].stats()),
+                        headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4, "X-Content-Type-Options": "nosniff"})
 
 
 @routes.post("/v1/models/load")

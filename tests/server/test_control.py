@@ -5,6 +5,7 @@ import re
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.config import load
 from tests.http import call
@@ -16,10 +17,17 @@ def test_metrics_match_stats(tiny_server):
     status, text = call(tiny_server, "GET", "/metrics")
     stats = tiny_server.get("/v1/stats")
     assert status == 200 and "# TYPE llamadesk_gen_tokens_total counter" in text
-    gen = int(re.search(r'^llamadesk_gen_tokens_total\{model="tiny-random-llama"\} (\d+)$', text, re.M).group(1))
+    gen = float(re.search(r'^llamadesk_gen_tokens_total\{model="tiny-random-llama"\} ([\d.]+)$', text, re.M)[1])
     assert 0 < gen <= stats["gen_tokens"]
     assert re.search(r'^llamadesk_ttft_ms\{model="tiny-random-llama",stat="p95"\} [\d.]+$', text, re.M)
-    assert re.search(r"^llamadesk_rss_bytes \d+$", text, re.M)
+    assert re.search(r"^llamadesk_rss_bytes [\d.e+]+$", text, re.M)
+    # a Prometheus parser reads every family, and the counters it reads are the stats'
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["llamadesk_gen_tokens"].type == "counter"
+    assert families["llamadesk_queued_streams"].type == "gauge"
+    decode = next(s.value for s in families["llamadesk_decode_calls"].samples
+                  if s.labels == {"model": "tiny-random-llama"})
+    assert 0 < decode <= tiny_server.get("/v1/stats")["models"][0]["decode_calls"]
 
 
 def test_load_activate_unload_in_process(tiny_server, assets):

@@ -159,16 +159,17 @@ def test_the_cache_keeps_the_most_recently_used_within_its_budget():
 
 
 def test_cache_counters_are_in_prometheus_metrics(server):
-    import re
     import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
     stats = _stats(server)
     with urllib.request.urlopen(server.url + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    reused = re.search(rf'^llamadesk_ram_reused_tokens_total{{model="{MODEL}"}} (\d+)$', text, re.M)
-    entries = re.search(rf'^llamadesk_prompt_cache_entries{{model="{MODEL}"}} (\d+)$', text, re.M)
-    assert reused and int(reused.group(1)) == stats["ram_reused_tokens"] > 0
-    assert entries and int(entries.group(1)) == stats["prompt_cache"]["entries"] > 0
-    assert re.search(rf'^llamadesk_prefix_attaches_total{{model="{MODEL}"}} \d+$', text, re.M)
+        families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+
+    def value(name: str) -> float:
+        return next(s.value for s in families[name].samples if s.labels == {"model": MODEL})
+    assert value("llamadesk_ram_reused_tokens") == stats["ram_reused_tokens"] > 0
+    assert value("llamadesk_prompt_cache_entries") == stats["prompt_cache"]["entries"] > 0
+    assert families["llamadesk_prefix_attaches"].type == "counter"
 
 
 def test_a_restart_serves_a_warm_first_turn_from_disk_and_skips_a_truncated_file(assets, tmp_path, caplog,
