@@ -13,7 +13,7 @@ from engine.service import Service
 from server.access import Policy, access_middleware, check_exposure, guard_middleware
 from server.errors import MAX_BODY_KEY, MAX_UPLOAD_KEY, error_middleware
 from server.keys import CONFIG, LIFECYCLE, SERVICE
-from server.routes import audio, catalog, control, ollama, openai, utility
+from server.routes import audio, catalog, control, docs, ollama, openai, utility
 
 log = logging.getLogger("llamadesk.server")
 
@@ -41,6 +41,7 @@ def build_app(service: Service, config: Config, lifecycle=None) -> web.Applicati
     app.add_routes(audio.routes)
     app.add_routes(utility.routes)
     app.add_routes(ollama.routes)
+    app.add_routes(docs.routes)
     return app
 
 
