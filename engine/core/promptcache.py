@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.core.scheduler import common_prefix
+from engine.core.prefixindex import PrefixIndex, key_of
 
 log = logging.getLogger("llamadesk.engine")
 MIN_TOKENS = 32  # shorter prompts are cheaper to prefill than to save and restore
@@ -31,6 +31,7 @@ class Entry:
     state: bytes | None  # None: still on disk (path), read when first used
     path: Path | None = None
     size: int = 0  # bytes of state
+    key: str = ""  # the prefix index's key of tokens (set when the entry is added)
 
 
 def model_key(path: Path, kv_dtype: str) -> str:
@@ -53,7 +54,8 @@ class PromptCache:
         self.budget = budget
         self.disk_dir = disk_dir
         self.disk_budget = disk_budget
-        self._entries: OrderedDict[tuple[int, ...], Entry] = OrderedDict()
+        self._entries: OrderedDict[str, Entry] = OrderedDict()  # by index key, least recently used first
+        self._index = PrefixIndex()
         self.bytes = 0  # of states held in RAM
         self.saves = self.hits = self.evictions = self.reused_tokens = 0
         self.disk_hits = self.disk_reused_tokens = self.disk_skipped = 0
@@ -69,31 +71,27 @@ class PromptCache:
         """Whether tokens are worth saving: long enough, and not already held (or covered by a longer entry)."""
         if not self.enabled or len(tokens) < MIN_TOKENS:
             return False
-        t = tuple(tokens)
-        return not any(len(k) >= len(t) and k[:len(t)] == t for k in self._entries)
+        return self._index.covering(key_of(tokens)) is None
 
     def put(self, tokens: list[int], state: bytes) -> bool:
         """Keep state for tokens, evicting the least recently used to make room; False when it cannot fit."""
         if len(state) > self.budget:
             return False
-        t = tuple(tokens)
-        for k in [k for k in self._entries if len(k) <= len(t) and t[:len(k)] == k]:
+        key = key_of(tokens)
+        for k in self._index.prefixes_of(key):
             self._drop(k)  # a shorter prefix of this entry adds nothing
         self._make_room(len(state))
-        self._entries[t] = Entry(t, state, size=len(state))
+        self._add(Entry(tuple(tokens), state, size=len(state)), key)
         self.bytes += len(state)
         self.saves += 1
         return True
 
     def best(self, prompt: list[int]) -> tuple[Entry, int] | None:
         """The entry sharing the longest prefix with prompt, and that length (None when nothing is shared)."""
-        found, n = None, 0
-        for e in self._entries.values():
-            if e.tokens and prompt and e.tokens[0] == prompt[0]:
-                k = common_prefix(list(e.tokens), prompt)
-                if k > n:
-                    found, n = e, k
-        return (found, n) if found is not None else None
+        if not prompt:
+            return None
+        found = self._index.longest(key_of(prompt))
+        return (self._entries[found[0]], found[1]) if found is not None else None
 
     def state_of(self, e: Entry) -> bytes | None:
         """e's KV state, read from disk the first time (None, and the entry dropped, when the file is bad)."""
@@ -104,24 +102,24 @@ class PromptCache:
         except (OSError, ValueError) as err:
             log.warning("prompt cache: skipping %s: %s", e.path, err)
             self.disk_skipped += 1
-            self._entries.pop(e.tokens, None)
+            self._drop(e.key)
             return None
         self.disk_hits += 1
         if len(state) <= self.budget:  # kept in RAM from now on; larger than the budget: used, not kept
-            self._make_room(len(state), keep=e.tokens)
+            self._make_room(len(state), keep=e.key)
             e.state = state
             self.bytes += len(state)
         return state
 
     def used(self, e: Entry, n: int, from_disk: bool = False) -> None:
         """e served n tokens of a prompt: it is the most recently used now."""
-        self._entries.move_to_end(e.tokens)
+        self._entries.move_to_end(e.key)
         self.hits += 1
         self.reused_tokens += n
         if from_disk:
             self.disk_reused_tokens += n
 
-    def _make_room(self, size: int, keep: tuple | None = None) -> None:
+    def _make_room(self, size: int, keep: str | None = None) -> None:
         while self.bytes + size > self.budget:
             victim = next((k for k, e in self._entries.items() if e.state is not None and k != keep), None)
             if victim is None:
@@ -129,8 +127,14 @@ class PromptCache:
             self._drop(victim)
             self.evictions += 1
 
-    def _drop(self, key: tuple[int, ...]) -> None:
+    def _add(self, e: Entry, key: str) -> None:
+        e.key = key
+        self._entries[key] = e
+        self._index.add(key)
+
+    def _drop(self, key: str) -> None:
         e = self._entries.pop(key)
+        self._index.remove(key)
         if e.state is not None:
             self.bytes -= len(e.state)
 
@@ -176,9 +180,10 @@ class PromptCache:
                 log.warning("prompt cache: skipping %s: %s", f, err)
                 self.disk_skipped += 1
                 continue
-            t = tuple(tokens)
-            if t not in self._entries:
-                self._entries[t] = Entry(t, None, f, f.stat().st_size - len(MAGIC) - _HEAD.size - 4 * len(t))
+            key = key_of(tokens)
+            if key not in self._entries:
+                size = f.stat().st_size - len(MAGIC) - _HEAD.size - 4 * len(tokens)
+                self._add(Entry(tuple(tokens), None, f, size), key)
                 n += 1
         return n
 

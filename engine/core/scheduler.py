@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from engine.core.prefixindex import common_length
 from engine.core.request import Request, RequestState
 
 
@@ -27,13 +28,7 @@ class Step:
         return len(self.decode) + len(self.prefill)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+common_prefix = common_length  # of two token lists (slice compares in C, not a loop per token)
 
 
 MIN_SHARE = 16  # fewer shared tokens than this are not worth waiting for or attaching
