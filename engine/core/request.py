@@ -73,6 +73,7 @@ class Request:
     num_cached_tokens: int = 0  # tokens of this request already in its sequence's KV cache
     generated: list[int] = field(default_factory=list)
     reused_tokens: int = 0  # prompt tokens taken from the prefix cache instead of prefilled
+    reuse: dict[str, int] = field(default_factory=dict)  # where they came from: kv, attached, ram, disk
     cancelled: bool = False
     # n > 1: the choices after the first share its prompt; they wait for it and copy its KV
     parent: Request | None = None

@@ -76,6 +76,7 @@ class Runner:
             if src is not None:
                 self.bctx.attach(src[0], r.seq, src[1])
                 gained = sched.attached(r, src[1])
+                r.reuse["attached"] = r.reuse.get("attached", 0) + gained
                 self.stats.prefix_attaches += 1
                 self.stats.attached_tokens += gained
                 self.stats.prefix_cache_reused_tokens += gained
@@ -145,6 +146,7 @@ class Runner:
             state = cache.state_of(entry)  # read from disk the first time after a restart; None: a bad file
             if state is not None and self.bctx.restore_seq(r.seq, state) and self.bctx.keep_prefix(r.seq, n):
                 sched.restored(r, list(entry.tokens), n)
+                r.reuse = {"disk" if from_disk else "ram": n}
                 cache.used(entry, n, from_disk)
                 if from_disk:
                     self.stats.disk_reused_tokens += n
@@ -164,6 +166,7 @@ class Runner:
             sched.forget(r.seq)
             r.num_cached_tokens = r.reused_tokens = keep = 0
         if keep:
+            r.reuse = {"kv": keep}
             self.stats.prefix_cache_hits += 1
             self.stats.prefix_cache_reused_tokens += keep
             self.stats.kv_reused_tokens += keep

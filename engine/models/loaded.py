@@ -123,7 +123,7 @@ class LoadedModel:
                 f"the prompt is {n} tokens but the context of model '{self.id}' is {self.ctx} tokens "
                 f"per stream; {advice}", "messages" if chat else "prompt")
         wanted = sampling.max_tokens or self.settings.default_max_tokens
-        if sampling.max_tokens is not None and wanted > room:
+        if sampling.max_tokens is not None and wanted > room and not sampling.max_tokens_ceiling:
             raise ContextLengthExceeded(
                 f"this model's context is {self.ctx} tokens per stream, but {n + wanted} were requested "
                 f"({n} in the prompt, {wanted} for the completion)", "max_tokens")
@@ -199,7 +199,11 @@ class LoadedModel:
         info = {"id": r.id, "model": self.id, "state": state, "prompt_tokens": len(r.prompt),
                 "prompt_done": min(r.num_cached_tokens, len(r.prompt)), "gen_tokens": len(r.generated),
                 "max_tokens": r.max_tokens, "tok_s": round(tok_s, 2), "tail": r.tail,
-                "seq": r.seq if r.seq >= 0 else None}
+                "seq": r.seq if r.seq >= 0 else None,
+                # where the prompt's reused tokens came from: the sequence's own KV, cells attached from another
+                # sequence, the host-RAM or the disk prompt cache; the rest was prefilled
+                "cache": {**{k: r.reuse.get(k, 0) for k in ("kv", "attached", "ram", "disk")},
+                          "prefilled": max(0, min(r.num_cached_tokens, len(r.prompt)) - r.reused_tokens)}}
         if r.state is RequestState.DONE:
             info["finish_reason"] = r.finish_reason
             if r.evict_ticks is not None:

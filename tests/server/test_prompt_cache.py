@@ -28,6 +28,11 @@ def _stats(server) -> dict:
     return next(m for m in server.get("/v1/stats")["models"] if m["id"] == MODEL)
 
 
+def _stream(server, completion_id: str) -> dict:
+    """The /v1/streams entry of a finished completion."""
+    return next(s for s in server.get("/v1/streams")["streams"] if completion_id == f"cmpl-{s['id']}")
+
+
 def _complete(server, prompt: str, max_tokens: int = 12) -> dict:
     status, out = call(server, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens,
                                                             "temperature": 0, "ignore_eos": True})
@@ -53,6 +58,10 @@ def test_a_conversation_evicted_from_the_kv_comes_back_from_ram_token_for_token(
     # only what was not restored is prefilled again
     assert after["prefill_tokens"] - before["prefill_tokens"] == again["usage"]["prompt_tokens"] - restored
     assert after["prompt_cache"]["hits"] > before["prompt_cache"]["hits"]
+    # /v1/streams says where this request's prompt came from
+    entry = _stream(server, again["id"])
+    assert entry["cache"] == {"kv": 0, "attached": 0, "ram": restored, "disk": 0,
+                              "prefilled": again["usage"]["prompt_tokens"] - restored}
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +111,12 @@ def test_two_streams_sharing_a_long_prefix_in_one_burst_compute_it_once(server, 
     texts = [o.choices[0].text for o in outs]
     assert all(t.strip() for t in texts) and texts[0] != texts[1]
     assert sorted(o.usage.prompt_tokens_details.cached_tokens > 250 for o in outs) == [False, True]
+    # /v1/streams: one attached the prefix, and every prompt token is accounted for once
+    sources = {o.id: _stream(server, o.id)["cache"] for o in outs}
+    assert sorted(c["attached"] > 250 for c in sources.values()) == [False, True]
+    for o in outs:
+        c = sources[o.id]
+        assert c["prefilled"] + c["kv"] + c["attached"] + c["ram"] + c["disk"] == o.usage.prompt_tokens
 
 
 def test_greedy_output_is_the_same_cold_and_restored_from_ram(server, reference):
