@@ -96,6 +96,9 @@ SCHEMA: tuple[Option, ...] = (
            maximum=1 << 20),
     Option("cache_disk", int, 2048, "of the prompt cache, MiB written to the user cache dir at a clean shutdown and "
            "read back at the next start, per model (0: off)", minimum=0, maximum=1 << 20),
+    Option("responses_store_mb", int, 256, "stored Responses API responses (store, previous_response_id), MiB kept "
+           "in the user data dir across restarts, the oldest dropped first (0: none kept)", minimum=0,
+           maximum=1 << 20),
     Option("gpu", str, "auto", "offload layers to a GPU when llama.cpp has one", choices=("auto", "off")),
     Option("models_dir", str, None, "where downloaded models live (default: the user data dir)"),
     Option("asr", str, None, "speech-to-text model directory (whisper, moonshine, NeMo, SenseVoice, Paraformer)"),
@@ -123,7 +126,8 @@ OPTIONS = {o.name: o for o in SCHEMA}
 # request without the API key (a web page in the user's browser could otherwise open the server up).
 NETWORK_KEYS = ("host", "api_key", "cors_origins", "allowed_hosts", "insecure_no_key")
 MODEL_KEYS = {"name": str, "path": str, "default": bool, "ctx": int, "streams": int, "chunk": int,
-              "kv_dtype": str, "chat_template": str, "tool_format": str}
+              "kv_dtype": str, "chat_template": str, "tool_format": str, "kv_unified": bool, "cache_ram": int,
+              "cache_disk": int}
 # The tool-call wire formats engine/tools.py parses and constrains (the one list); a roster entry may also
 # say "none" (tools refused with a 400).
 TOOL_FORMATS = ("hermes", "llama_json", "mistral", "harmony", "gemma", "generic")
@@ -142,6 +146,9 @@ class ModelEntry:
     kv_dtype: str | None = None
     chat_template: str | None = None  # a Jinja file replacing the GGUF's template (llama-server's --chat-template-file)
     tool_format: str | None = None  # override the detected tool-call format; "none" refuses tools
+    kv_unified: bool | None = None  # the global kv_unified, cache_ram (MiB) and cache_disk (MiB) for this model
+    cache_ram: int | None = None
+    cache_disk: int | None = None
 
 
 @dataclass

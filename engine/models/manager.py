@@ -32,6 +32,11 @@ def cache_ram_bytes(mib: int) -> int:
     return min(ram // 8, 8 << 30)
 
 
+def _either(own, default):
+    """A roster entry's own setting, else the global one (0 and false are settings too)."""
+    return default if own is None else own
+
+
 def check_shape(entry: ModelEntry) -> None:
     """400s for per-model settings outside the schema's bounds and choices (ctx, streams, chunk, kv_dtype)."""
     for key in ("ctx", "streams", "chunk", "kv_dtype"):
@@ -61,8 +66,9 @@ class ModelManager:
         return ModelSettings(streams=entry.streams or c.streams, ctx=entry.ctx or c.ctx, chunk=entry.chunk or c.chunk,
                              kv_dtype=entry.kv_dtype or c.kv_dtype, threads=c.threads or llama.default_threads(),
                              default_max_tokens=c.max_tokens, gpu=c.gpu, chat_template=entry.chat_template,
-                             tool_format=entry.tool_format, kv_unified=c.kv_unified,
-                             cache_ram=cache_ram_bytes(c.cache_ram), cache_disk=c.cache_disk << 20,
+                             tool_format=entry.tool_format, kv_unified=_either(entry.kv_unified, c.kv_unified),
+                             cache_ram=cache_ram_bytes(_either(entry.cache_ram, c.cache_ram)),
+                             cache_disk=_either(entry.cache_disk, c.cache_disk) << 20,
                              cache_dir=Path(platformdirs.user_cache_dir(APP_NAME)) / "prompt-cache")
 
     def load_all(self) -> None:

@@ -47,6 +47,20 @@ def test_roster_and_model_flag(tmp_path):
     assert not any(m.default for m in cfg.models[1:])
 
 
+def test_per_model_cache_settings_parse_save_and_refuse_bad_values(tmp_path):
+    path = write(tmp_path, '[[models]]\nname = "a"\npath = "/m/a.gguf"\nkv_unified = false\ncache_ram = 0\n'
+                           'cache_disk = 16\n[[models]]\npath = "/m/b.gguf"\n')
+    cfg = load(["--config", path])
+    assert [(m.kv_unified, m.cache_ram, m.cache_disk) for m in cfg.models] == [(False, 0, 16), (None, None, None)]
+    cfg.save()  # the roster is written back with the per-model keys
+    again = load(["--config", path])
+    assert [(m.kv_unified, m.cache_ram, m.cache_disk) for m in again.models] == [(False, 0, 16), (None, None, None)]
+    with pytest.raises(ConfigError, match="cache_ram"):
+        load(["--config", write(tmp_path, '[[models]]\npath = "/m/a.gguf"\ncache_ram = "big"\n')])
+    with pytest.raises(ConfigError, match="kv_unified"):
+        load(["--config", write(tmp_path, '[[models]]\npath = "/m/a.gguf"\nkv_unified = 3\n')])
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--ctx", "abc"], ["--ctx", "integer"]),
     (["--kv-dtype", "f8"], ["--kv-dtype", "f16, q8_0, q4_0"]),

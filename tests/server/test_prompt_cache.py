@@ -227,3 +227,28 @@ def test_a_restart_serves_a_warm_first_turn_from_disk_and_skips_a_truncated_file
         assert any("skipping" in r.getMessage() and damaged[0].name in r.getMessage() for r in caplog.records)
     finally:
         srv.stop()
+
+
+def test_roster_entries_set_their_own_kv_pool_and_cache(assets, tmp_path):
+    toml = f"""
+[[models]]
+name = "shared"
+path = "{assets['tiny']}"
+default = true
+
+[[models]]
+name = "own"
+path = "{assets['tiny']}"
+kv_unified = false
+cache_ram = 0
+"""
+    srv = LiveServer(["--streams", "2", "--ctx", "512"], toml, tmp_path)
+    try:
+        models = {m["id"]: m for m in srv.get("/v1/stats")["models"]}
+        assert models["shared"]["kv_unified"] and models["shared"]["prompt_cache"]["budget_bytes"] > 0
+        assert not models["own"]["kv_unified"] and models["own"]["prompt_cache"] is None
+        out = srv.client().chat.completions.create(model="own", messages=[{"role": "user", "content": "hi"}],
+                                                   max_tokens=3)
+        assert out.usage.completion_tokens == 3
+    finally:
+        srv.stop()
