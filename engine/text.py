@@ -36,6 +36,7 @@ class StopMatcher:
 
     def __init__(self, stops: list[str]):
         self.stops = [s for s in stops if s]
+        self.matched: str | None = None  # the stop string that ended the text, once one has
         self._held = ""
 
     def push(self, text: str) -> tuple[str, bool]:
@@ -43,8 +44,9 @@ class StopMatcher:
         if not self.stops:
             return text, False
         buf = self._held + text
-        hit = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if hit >= 0:
+        found = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
+        if found:
+            hit, self.matched = min(found, key=lambda f: f[0])
             self._held = ""
             return buf[:hit], True
         keep = partial_suffix(buf, self.stops)

@@ -6,7 +6,8 @@ to 127.0.0.1 can read the answers (DNS rebinding). So every request passes, befo
   loopback, and --allowed-hosts; anything else is 403 (a rebound name is never one of these);
 - the Origin check: a request a web page sends carries Origin; it must be the server's own origin or one
   of --cors-origins, else 403. Requests without Origin (curl, SDKs, scripts) pass;
-- the API key, when one is set, on every route but /health (supervisors and load balancers probe it).
+- the API key, when one is set, on every route but /health (supervisors and load balancers probe it), sent
+  as 'Authorization: Bearer <key>' or as 'x-api-key: <key>' (what Anthropic's clients send).
 
 Control routes are, in addition, loopback-only whatever --host says (`loopback_only`).
 """
@@ -120,6 +121,7 @@ class Policy:
 
     def __post_init__(self) -> None:
         self._expected = f"Bearer {self.api_key}".encode() if self.api_key else None
+        self._key = self.api_key.encode() if self.api_key else None
         self._own = _own_names() if self.beyond_loopback else set()
 
     @classmethod
@@ -153,8 +155,10 @@ class Policy:
         if self._expected is None:
             return True
         # aiohttp keeps undecodable header bytes as surrogate escapes; give them back as bytes
-        got = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        return hmac.compare_digest(got, self._expected)
+        bearer = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        key = request.headers.get("x-api-key", "").encode("utf-8", "surrogateescape")
+        # both compared, whichever is sent: the time taken says nothing about either
+        return hmac.compare_digest(bearer, self._expected) | hmac.compare_digest(key, self._key)
 
 
 def guard_middleware(policy: Policy):
@@ -181,13 +185,13 @@ def guard_middleware(policy: Policy):
                               "origin_not_allowed", request)
         if origin is not None and request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             resp: web.StreamResponse = web.Response(status=204)  # the preflight needs no API key
-            resp.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+            resp.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
             resp.headers["Access-Control-Allow-Headers"] = request.headers.get(
                 "Access-Control-Request-Headers", "Authorization, Content-Type")
             resp.headers["Access-Control-Max-Age"] = "600"
         elif request.path not in OPEN_ROUTES and not policy.key_ok(request):
-            resp = json_error(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                              "authentication_error", None, "invalid_api_key", request)
+            resp = json_error(401, "missing or wrong API key: send 'Authorization: Bearer <key>' or "
+                              "'x-api-key: <key>'", "authentication_error", None, "invalid_api_key", request)
         else:
             resp = await handler(request)
         if origin is not None:

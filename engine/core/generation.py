@@ -40,6 +40,11 @@ class Generation:
         return self._end.reason if self._end else None
 
     @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the text (None when the model stopped by itself or by length)."""
+        return self.request.stops.matched if self.finish_reason == "stop" else None
+
+    @property
     def usage(self) -> dict[str, Any]:
         return self._end.usage if self._end else {}
 

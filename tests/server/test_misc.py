@@ -61,6 +61,7 @@ def test_cors_allowlist(assets, tmp_path):
         with urllib.request.urlopen(pre) as r:  # the preflight needs no API key
             assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] == "http://app.example"
             assert "POST" in r.headers["Access-Control-Allow-Methods"]
+            assert "DELETE" in r.headers["Access-Control-Allow-Methods"]  # DELETE /v1/responses/{id}
         ok = urllib.request.Request(srv.url + "/health", headers={"Origin": "http://b.example",
                                                                   "Authorization": "Bearer k"})
         with urllib.request.urlopen(ok) as r:

@@ -223,3 +223,34 @@ def test_access_log_off_writes_no_line(assets, tmp_path, caplog):
         assert not [r for r in caplog.records if r.name == "llamadesk.access"]
     finally:
         srv.stop()
+
+
+def test_the_key_may_come_as_x_api_key(keyed):
+    """What Anthropic's clients send; for every route, and wrong is as refused as missing."""
+    status, out, _ = raw(keyed, "GET", "/v1/models", headers={"x-api-key": "s3cret"})
+    assert status == 200 and [m["id"] for m in out["data"]] == ["tiny-random-llama"]
+    status, out, _ = raw(keyed, "POST", "/v1/chat/completions", _chat(), {"Content-Type": "application/json",
+                                                                         "x-api-key": "s3cret"})
+    assert status == 200
+    for headers in ({"x-api-key": "s3cre"}, {"x-api-key": "s3cret2"}, {"x-api-key": ""},
+                    {"x-api-key": "Bearer s3cret"}, {"Authorization": "s3cret"}):
+        status, out, _ = raw(keyed, "GET", "/v1/models", headers=headers)
+        assert status == 401 and out["error"]["code"] == "invalid_api_key", headers
+        assert "x-api-key" in out["error"]["message"]
+
+
+def test_anthropic_routes_refuse_in_anthropics_shape(server, keyed):
+    body = {"model": "tiny-random-llama", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        status, out, _ = raw(keyed, "POST", path, body, {"Content-Type": "application/json", "x-api-key": "nope"})
+        assert status == 401 and out["type"] == "error" and out["error"]["type"] == "authentication_error", out
+        status, out, headers = raw(server, "POST", path, body, EVIL)
+        assert status == 403 and out["error"]["type"] == "permission_error"
+        assert "evil.example" in out["error"]["message"]
+        assert "Access-Control-Allow-Origin" not in headers
+        status, out, _ = raw(server, "POST", path, body, {"Content-Type": "application/json"}, host="evil.example")
+        assert status == 403 and out == {"type": "error", "error": {"type": "permission_error",
+                                                                   "message": out["error"]["message"]}}
+    status, out, _ = raw(keyed, "POST", "/v1/messages", body, {"Content-Type": "application/json",
+                                                               "x-api-key": "s3cret"})
+    assert status == 200 and out["type"] == "message"
