@@ -1,6 +1,7 @@
 """Which tool-call wire format a chat template speaks, and whether it reasons in <think> tags."""
 from __future__ import annotations
 
+import hashlib
 import uuid
 
 
@@ -24,5 +25,22 @@ def thinks(template: str) -> bool:
     return "<think>" in template
 
 
-def new_call_id() -> str:
+def new_call_id(fmt: str = "") -> str:
+    """A fresh tool call id in the form the format's models know: Mistral's 9 letters and digits (its templates
+    refuse any other), else OpenAI's call_..."""
+    if fmt == "mistral":
+        return short_call_id(uuid.uuid4().hex)
     return "call_" + uuid.uuid4().hex[:24]
+
+
+_ALPHANUMERIC = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def short_call_id(seed: str) -> str:
+    """A 9-character alphanumeric id derived from seed (the same seed, the same id)."""
+    n = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "big")
+    chars = []
+    for _ in range(9):
+        n, k = divmod(n, len(_ALPHANUMERIC))
+        chars.append(_ALPHANUMERIC[k])
+    return "".join(chars)

@@ -23,7 +23,7 @@ class Event:
     index: int = -1  # the call's place among the reply's calls (set by ReplyReader)
 
 
-def _call(name: Any, arguments: Any) -> dict[str, Any] | None:
+def _call(name: Any, arguments: Any, fmt: str = "") -> dict[str, Any] | None:
     if not isinstance(name, str) or not name:
         return None
     if isinstance(arguments, str):
@@ -35,10 +35,10 @@ def _call(name: Any, arguments: Any) -> dict[str, Any] | None:
         arguments = {}
     if not isinstance(arguments, dict):
         return None
-    return {"id": new_call_id(), "name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
+    return {"id": new_call_id(fmt), "name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}
 
 
-def _json_calls(text: str, args_key: str = "arguments") -> list[dict] | None:
+def _json_calls(text: str, args_key: str = "arguments", fmt: str = "") -> list[dict] | None:
     """Calls from a JSON object or array of {"name", args_key}; None if text is not exactly that."""
     try:
         doc = json.loads(text)
@@ -49,7 +49,7 @@ def _json_calls(text: str, args_key: str = "arguments") -> list[dict] | None:
     for it in items:
         if not isinstance(it, dict):
             return None
-        c = _call(it.get("name"), it.get(args_key, it.get("arguments", it.get("parameters"))))
+        c = _call(it.get("name"), it.get(args_key, it.get("arguments", it.get("parameters"))), fmt)
         if c is None:
             return None
         calls.append(c)
@@ -264,10 +264,10 @@ class OutputParser:
             return [Event("content", text)]
         if self.fmt == "mistral":
             body = stripped.removeprefix("[TOOL_CALLS]").strip()
-            calls = _json_calls(body)
+            calls = _json_calls(body, fmt=self.fmt)
             if calls is None and "[ARGS]" in body:  # newer layout: name[ARGS]{json}
                 name, _, args = body.partition("[ARGS]")
-                c = _call(name.strip(), args.strip())
+                c = _call(name.strip(), args.strip(), self.fmt)
                 calls = [c] if c else None
             return [Event("tool_call", call=c) for c in calls] if calls else [Event("content", text)]
         return [Event("content", text)] if text else []

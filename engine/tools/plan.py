@@ -276,7 +276,7 @@ def plan_tools(fmt: str, messages: list[dict], tools: list[dict] | None, tool_ch
         triggers = [r"(<tool_call>)"]
     elif fmt == "llama_json":
         grammar = schema_grammar(_call_schema(constrained, "parameters"), param="tools")
-        triggers = [r"^\s*(\{)[\s\S]*$"]
+        triggers = [r'^\s*(\{\s*"name")']  # a reply that opens a call object; `{{ x }}` stays text
     elif fmt == "mistral":
         grammar = schema_grammar(call_list, "[TOOL_CALLS]", param="tools")
         triggers = [r"(\[TOOL_CALLS\])"]

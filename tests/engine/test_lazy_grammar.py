@@ -1,8 +1,12 @@
-"""A lazy grammar (tool_choice auto): free text until the call opener, then arguments valid for the schema."""
+"""A lazy grammar (tool_choice auto): free text until the call opener, then arguments valid for the schema; and
+sampled tool grammars that never end the process."""
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import jsonschema
 
@@ -10,6 +14,7 @@ from engine.config import load
 from engine.requests import CompletionRequest, SamplingParams
 from engine.service import Service
 from engine.tools import OutputParser, plan_tools
+from tests.engine import grammar_stress as stress
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
           "additionalProperties": False}
@@ -74,3 +79,34 @@ def test_every_family_grammar_is_accepted_by_llama_cpp(assets):
                          frequency_penalty=0, penalty_last_n=64, seed=0, logit_bias={}, grammar='root ::= ("x"')
     finally:
         model.free()
+
+
+STRESS_ROUNDS = 3  # x 4 choices (seeds 0-11) x 7 prompts
+
+
+def test_sampled_lazy_grammars_never_end_the_process_and_calls_stay_valid(assets):
+    """Many seeds at temperature 0.9 under tool grammars (tests/engine/grammar_stress.py), in a subprocess: a
+    grammar handed text it rejects ends the process. The junk prompts make SmolLM2 complete a call opener with
+    a token that carries more (`<tool_call>>`), which llama.cpp's own lazy replay fed the grammar unchecked."""
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "tests.engine.grammar_stress", str(assets["smollm2"]),
+                           str(assets["templates"]), str(STRESS_ROUNDS)], cwd=repo, capture_output=True, text=True,
+                          timeout=600)
+    died = [line for line in proc.stderr.splitlines() if "terminate called" in line or "what():" in line]
+    assert proc.returncode == 0 and not died, died or proc.stderr[-3000:]
+    replies = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    cases = len(stress.CHATS) + len(stress.JUNK)
+    assert len(replies) == cases * STRESS_ROUNDS * stress.CHOICES
+    calls: dict[str, int] = {}
+    for r in replies:
+        p = OutputParser(r["format"], True, False)
+        found = [e.call for e in p.feed(r["text"]) + p.finish() if e.kind == "tool_call"]
+        for c in found:
+            assert c["name"] == "get_weather", r
+            jsonschema.validate(json.loads(c["arguments"]), stress.PARAMS)
+        if r["case"].endswith("-forced"):  # the grammar holds from the first token and ends the reply
+            assert len(found) == 1 and r["finish"] == "stop", r
+        calls[r["case"]] = calls.get(r["case"], 0) + len(found)
+    # the openers followed by junk were refused and the grammar took over from a clean opener
+    junk = {case: n for case, n in calls.items() if case.startswith("junk-")}
+    assert sum(junk.values()) >= 6 and sum(1 for n in junk.values() if n) >= 2, calls

@@ -37,7 +37,8 @@ def render(family: str, messages=CONVERSATION, tools=TOOLS) -> str:
     ("llama_json", ["Environment: ipython", '"name": "get_weather"',
                     '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}<|eom_id|>',
                     "<|start_header_id|>ipython<|end_header_id|>\n\n18 C, sunny<|eot_id|>"]),
-    ("mistral", ['[AVAILABLE_TOOLS][{"type": "function"', "[INST]Weather in Paris?[/INST]",
+    # this template has no system branch: the system text opens the user turn rather than being dropped
+    ("mistral", ['[AVAILABLE_TOOLS][{"type": "function"', "[INST]Be brief.\n\nWeather in Paris?[/INST]",
                  '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call_1"}]</s>',
                  '[TOOL_RESULTS]{"content": "18 C, sunny", "call_id": "call_1"}[/TOOL_RESULTS]']),
     ("harmony", ["namespace functions {", "type get_weather = (_: {",
@@ -92,3 +93,27 @@ def test_forced_call_grammars_per_family():
     auto = plan_tools("generic", CONVERSATION[:2], TOOLS, "auto")
     assert "response" in auto.grammar
     json.dumps(plan.messages)  # plain JSON-able messages
+
+
+# a template that asks for <tool_call> blocks but never prints the tools it is given, and one that reads
+# content only as a list of typed parts
+NO_TOOL_LIST = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                "Answer, or call a tool in <tool_call></tool_call>.\n<|assistant|>")
+PARTS_ONLY = "{% for m in messages %}[{{ m.role }}]{% for p in m.content %}{{ p.text }}{% endfor %}\n{% endfor %}"
+
+
+def test_tools_a_template_does_not_print_are_described_in_the_system_message():
+    t = ChatTemplate(NO_TOOL_LIST, "", "")
+    assert not t.caps.tools and detect_format(NO_TOOL_LIST) == "hermes"
+    plan = plan_tools("hermes", CONVERSATION[:2], TOOLS, "auto")
+    text = t.render(plan.messages, **plan.template_kwargs)
+    assert text.startswith('<|system|>Be brief.\n\nYou can call these tools:\n[{"type": "function", "function": '
+                           '{"name": "get_weather"'), text
+
+
+def test_a_template_that_reads_typed_content_parts_gets_them():
+    t = ChatTemplate(PARTS_ONLY, "", "")
+    assert not t.caps.string_content
+    assert t.render(CONVERSATION[:2]) == "[system]Be brief.[user]Weather in Paris?"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Weather "}, {"type": "text", "text": "here?"}]}]
+    assert t.render(parts) == "[user]Weather here?"
