@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import threading
 from collections import deque
 from pathlib import Path
@@ -101,6 +102,11 @@ class LlamaModel:
         # An embedding model (BERT and kin) declares a pooling type and has no causal decoder.
         self.is_embedding_model = self.meta(f"{self.arch}.pooling_type") is not None or \
             self.meta(f"{self.arch}.attention.causal") == "false"
+        # A reranker (a cross-encoder, a Qwen3-Reranker) pools with rank: its classifier head scores the input;
+        # its GGUF may carry the prompt a query and a document go into ({query}, {document}).
+        self.is_reranker = self.meta(f"{self.arch}.pooling_type") == str(L.LLAMA_POOLING_TYPE_RANK)
+        rerank = L.llama_model_chat_template(ptr, b"rerank")
+        self.rerank_template = rerank.decode("utf-8") if rerank else None
         tmpl = L.llama_model_chat_template(ptr, None)
         self.chat_template = tmpl.decode("utf-8") if tmpl else None
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
@@ -108,10 +114,15 @@ class LlamaModel:
         self.fim = fim if min(fim) >= 0 else None  # fill-in-the-middle tokens (prefix, suffix, middle), if any
         self.bos_id = L.llama_vocab_bos(self.vocab)
         self.eos_id = L.llama_vocab_eos(self.vocab)
+        self.sep_id = L.llama_vocab_sep(self.vocab)
+        self.add_eos = bool(L.llama_vocab_get_add_eos(self.vocab))
+        self.add_sep = bool(L.llama_vocab_get_add_sep(self.vocab))
         self.eog_ids = frozenset(t for t in range(self.n_vocab) if L.llama_vocab_is_eog(self.vocab, t)) \
             if self.n_vocab <= 300_000 else frozenset({self.eos_id})
         self._pieces: list[bytes | None] = [None] * self.n_vocab
         self._special_pieces: dict[int, bytes] = {}
+        self._byte_tokens: dict[int, int] | None = None
+        self._bytes_lock = threading.Lock()
         buf = ctypes.create_string_buffer(256)
         n = L.llama_model_desc(ptr, buf, 256)
         self.description = buf.value[:n].decode("utf-8", "replace")
@@ -142,20 +153,37 @@ class LlamaModel:
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes a token stands for; control tokens render as nothing unless special."""
-        if special:
+        if special:  # raw bytes: a piece may end inside a character that the next token completes
             cached = self._special_pieces.get(token)
             if cached is None:
-                cached = self._special_pieces[token] = self.token_text(token).encode("utf-8")
+                cached = self._special_pieces[token] = self._raw_piece(token, True)
             return cached
         cached = self._pieces[token]
         if cached is None:
-            buf = ctypes.create_string_buffer(64)
-            n = L.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
-            cached = self._pieces[token] = buf.raw[:n]
+            cached = self._pieces[token] = self._raw_piece(token, False)
         return cached
+
+    def _raw_piece(self, token: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(self.vocab, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+        return buf.raw[:max(n, 0)]
+
+    def byte_tokens(self) -> dict[int, int]:
+        """A token for each byte value that one token spells alone (to feed a grammar text byte by byte)."""
+        with self._bytes_lock:
+            if self._byte_tokens is None:
+                found: dict[int, int] = {}
+                buf = ctypes.create_string_buffer(8)
+                for t in range(self.n_vocab):
+                    if L.llama_token_to_piece(self.vocab, t, buf, 8, 0, True) == 1:
+                        found.setdefault(buf.raw[0], t)
+                        if len(found) == 256:
+                            break
+                self._byte_tokens = found
+            return self._byte_tokens
 
     def token_text(self, token: int) -> str:
         """The literal text of a token, special ones included (for chat templates)."""
@@ -327,15 +355,29 @@ class EmbedContext(_Context):
     """A mean-pooling embedding context; several inputs go through one decode as separate sequences."""
 
     MAX_SEQS = 16
+    POOLING = L.LLAMA_POOLING_TYPE_MEAN
+    WHAT = "an embedding context"
 
     def __init__(self, model: LlamaModel, threads: int, n_batch: int):
         # n_ubatch = n_batch: non-causal encoders need a whole input in one micro-batch
-        super().__init__(model, "an embedding context", n_ctx=n_batch, n_batch=n_batch, n_seq=self.MAX_SEQS,
-                         threads=threads, embeddings=True, pooling_type=L.LLAMA_POOLING_TYPE_MEAN, kv_unified=True)
+        super().__init__(model, self.WHAT, n_ctx=n_batch, n_batch=n_batch, n_seq=self.MAX_SEQS,
+                         threads=threads, embeddings=True, pooling_type=self.POOLING, kv_unified=True)
         self.n_batch = n_batch
 
     def embed_group(self, inputs: list[list[int]]) -> list[np.ndarray]:
         """Mean-pooled, L2-normalised vectors of several token lists decoded in one batch."""
+        self._decode(inputs)
+        n_embd = self.model.n_embd
+        out = []
+        for s in range(len(inputs)):
+            ptr = L.llama_get_embeddings_seq(self.ctx, s)
+            v = np.ctypeslib.as_array(ptr, shape=(n_embd,)).astype(np.float32)
+            norm = float(np.linalg.norm(v))
+            out.append(v / norm if norm > 0 else v)
+        return out
+
+    def _decode(self, inputs: list[list[int]]) -> None:
+        """Decode the token lists as sequences 0.. of one batch (the memory of earlier ones cleared first)."""
         b = self.batch
         i = 0
         for s, toks in enumerate(inputs):
@@ -351,15 +393,20 @@ class EmbedContext(_Context):
             L.llama_memory_clear(self.mem, True)
         rc = L.llama_decode(self.ctx, b)
         if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc} while embedding")
-        n_embd = self.model.n_embd
-        out = []
-        for s in range(len(inputs)):
-            ptr = L.llama_get_embeddings_seq(self.ctx, s)
-            v = np.ctypeslib.as_array(ptr, shape=(n_embd,)).astype(np.float32)
-            norm = float(np.linalg.norm(v))
-            out.append(v / norm if norm > 0 else v)
-        return out
+            raise RuntimeError(f"llama_decode returned {rc} in {self.WHAT}")
+
+
+class RankContext(EmbedContext):
+    """A rank-pooling context: a reranker's classifier head scores each input (a query and document pair)."""
+
+    POOLING = L.LLAMA_POOLING_TYPE_RANK
+    WHAT = "a ranking context"
+
+    def rank_group(self, inputs: list[list[int]]) -> list[float]:
+        """The relevance score of each token list, decoded in one batch: the head's first output (llama-server's
+        score; a Qwen3-style head softmaxes its yes/no pair, so that is P(yes))."""
+        self._decode(inputs)
+        return [float(L.llama_get_embeddings_seq(self.ctx, s)[0]) for s in range(len(inputs))]
 
 def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
     """The chosen token's log-probability and the `top` most likely tokens, from raw logits."""
@@ -376,44 +423,151 @@ def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, lis
 _grammar_lock = threading.Lock()
 
 
-def _grammar_sampler(model: LlamaModel, grammar: str, triggers: list[str] | None):
-    """llama.cpp's grammar sampler for GBNF (lazy when triggers are given: free text until a trigger matches,
-    then the grammar from its group on); InvalidRequest with llama.cpp's reason when it cannot parse it."""
+def _grammar_sampler(model: LlamaModel, grammar: str):
+    """llama.cpp's grammar sampler for GBNF; InvalidRequest with llama.cpp's reason when it cannot parse it."""
     with _grammar_lock:  # parse errors arrive through the one log callback: one parse at a time
         _recent_errors.clear()
-        if triggers:
-            pats = (ctypes.c_char_p * len(triggers))(*[t.encode() for t in triggers])
-            g = L.llama_sampler_init_grammar_lazy_patterns(model.vocab, grammar.encode(), b"root", pats,
-                                                           len(triggers), None, 0)
-        else:
-            g = L.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+        g = L.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
         if not g:
             raise InvalidRequest("the output grammar could not be parsed by llama.cpp: "
                                  + ("; ".join(_recent_errors) or "invalid GBNF"))
         return g
 
 
+class Candidates:
+    """The whole vocabulary as a llama_token_data_array over one numpy buffer, loaded from a row's logits."""
+
+    DTYPE = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data's layout
+
+    def __init__(self, n_vocab: int):
+        self.rows = np.zeros(n_vocab, self.DTYPE)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self._data = self.rows.ctypes.data_as(ctypes.POINTER(L.llama_token_data))
+        self.array = L.llama_token_data_array(data=self._data, size=n_vocab, selected=-1, sorted=False)
+        self.ref = ctypes.byref(self.array)
+
+    def load(self, logits: np.ndarray, banned: list[int]) -> None:
+        """Every token with its logit, the banned ones impossible, nothing selected (samplers reorder and cut)."""
+        self.rows["id"] = self._ids
+        self.rows["logit"] = logits
+        self.rows["p"] = 0.0
+        if banned:
+            self.rows["logit"][banned] = -np.inf
+        a = self.array
+        a.data, a.size, a.selected, a.sorted = self._data, len(self.rows), -1, False
+
+    def any_possible(self) -> bool:
+        return bool(np.isfinite(self.rows["logit"]).any())
+
+    def selected(self) -> int:
+        return int(self.array.data[self.array.selected].id)
+
+
+class Grammar:
+    """A GBNF grammar driven from here rather than from inside a llama.cpp chain, so that its sampler never
+    accepts a token it rejects: llama.cpp throws a C++ exception then ("Unexpected empty grammar stack after
+    accepting piece"), which cannot be caught through ctypes and ends the process. llama.cpp's own lazy
+    grammars did exactly that: when a trigger matched, the text from the trigger on, including whatever the
+    token that completed it carried after it (`{{` after a llama-3 `{` trigger), was replayed into the grammar
+    unchecked. Here a trigger is found in Python, the replay is tried on a copy byte by byte, each byte checked
+    before it is accepted, and a token whose replay the grammar rejects is refused (the caller samples again).
+
+    Lazy (triggers given): free text until a trigger regex matches the text generated so far; the grammar
+    applies from the trigger's first non-empty group (or its match) on."""
+
+    def __init__(self, model: LlamaModel, gbnf: str, triggers: list[str] | None):
+        self.model = model
+        self._fresh = _grammar_sampler(model, gbnf)  # the grammar before any text; copied when a trigger fires
+        self.triggers = [re.compile(t.encode()) for t in triggers or ()]
+        self.active = None if self.triggers else self._fresh  # the grammar in force; None: awaiting a trigger
+        self._text = b""  # what was generated while awaiting (bytes: a piece may end inside a character)
+        self._scan_from = 0  # where a trigger may start (past an opener the grammar could not take)
+        self._bytes = model.byte_tokens() if self.triggers else {}
+        self._one = (L.llama_token_data * 1)()
+        self._one_array = L.llama_token_data_array(data=self._one, size=1, selected=-1, sorted=False)
+
+    def allows(self, sampler, token: int) -> bool:
+        """Whether sampler's grammar may take token next (its mask on a single candidate)."""
+        self._one[0].id, self._one[0].logit, self._one[0].p = token, 0.0, 0.0
+        self._one_array.size, self._one_array.selected, self._one_array.sorted = 1, -1, False
+        L.llama_sampler_apply(sampler, ctypes.byref(self._one_array))
+        return self._one[0].logit != -np.inf
+
+    def offer(self, token: int) -> bool:
+        """Take token if the grammar can; False leaves everything as it was (the caller picks another)."""
+        if self.active is not None:
+            if not self.allows(self.active, token):
+                return False
+            if token not in self.model.eog_ids:  # an end-of-generation token is nothing for a grammar to follow
+                L.llama_sampler_accept(self.active, token)
+            return True
+        text = self._text + self.model.piece(token, special=True)
+        start = self._trigger(text)
+        if start is not None:
+            started = self._replayed(text[start:])
+            if started is None:
+                return False
+            self.active, self._text = started, b""
+            return True
+        self._text = text
+        return True
+
+    def pass_over(self, token: int) -> None:
+        """Let token through unconstrained though the grammar refused it (the caller found no other): while
+        awaiting, it is free text, and no trigger starting before its end counts any more."""
+        if self.active is None:
+            self._text += self.model.piece(token, special=True)
+            self._scan_from = len(self._text)
+
+    def _trigger(self, text: bytes) -> int | None:
+        """Where the constrained text starts if a trigger matches text, else None."""
+        for pattern in self.triggers:
+            m = pattern.search(text, self._scan_from)
+            if m:
+                return next((m.start(i) for i in range(1, len(m.groups()) + 1) if m.start(i) < m.end(i)), m.start())
+        return None
+
+    def _replayed(self, text: bytes):
+        """A copy of the fresh grammar that has taken text, or None when it cannot (checked byte by byte)."""
+        g = L.llama_sampler_clone(self._fresh)
+        for b in text:
+            tok = self._bytes.get(b)
+            if tok is None or not self.allows(g, tok):
+                L.llama_sampler_free(g)
+                return None
+            L.llama_sampler_accept(g, tok)
+        return g
+
+    def free(self) -> None:
+        """Release the native grammars (the fresh one is the active one when there are no triggers)."""
+        if self.active is not None and self.active is not self._fresh:
+            L.llama_sampler_free(self.active)
+        if self._fresh is not None:
+            L.llama_sampler_free(self._fresh)
+        self._fresh = self.active = None
+
+
 class SamplerChain:
-    """A per-stream llama.cpp sampler chain, with a numpy fast path for plain greedy decoding."""
+    """A per-stream llama.cpp sampler chain, with a numpy fast path for plain greedy decoding; a grammar is
+    driven from Python beside the chain (see Grammar)."""
+
+    MAX_PICKS = 8  # tokens refused by a grammar before the last one is taken as free text
 
     def __init__(self, model: LlamaModel, *, temperature: float, top_k: int, top_p: float, min_p: float,
                  repeat_penalty: float, presence_penalty: float, frequency_penalty: float, penalty_last_n: int,
                  seed: int, logit_bias: dict[int, float], grammar: str | None = None,
                  grammar_triggers: list[str] | None = None):
         penalties = repeat_penalty != 1.0 or presence_penalty != 0.0 or frequency_penalty != 0.0
+        self.model = model
         self.greedy_fast = temperature <= 0 and not penalties and not grammar
         self.bias_ids = np.array(list(logit_bias), dtype=np.int64)
         self.bias_vals = np.array(list(logit_bias.values()), dtype=np.float32)
         self.chain = None
+        self.grammar = Grammar(model, grammar, grammar_triggers) if grammar else None
+        self._candidates = Candidates(model.n_vocab) if grammar else None
         if self.greedy_fast:
             return  # the whole-vocabulary greedy chain costs 10x a numpy argmax (perf notes)
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        if grammar:
-            try:
-                L.llama_sampler_chain_add(chain, _grammar_sampler(model, grammar, grammar_triggers))
-            except InvalidRequest:
-                L.llama_sampler_free(chain)
-                raise
         if logit_bias:
             arr = (L.llama_logit_bias * len(logit_bias))(*[L.llama_logit_bias(t, b) for t, b in logit_bias.items()])
             L.llama_sampler_chain_add(chain, L.llama_sampler_init_logit_bias(model.n_vocab, len(logit_bias), arr))
@@ -436,6 +590,8 @@ class SamplerChain:
 
     def sample(self, bctx: BatchContext, row: int) -> int:
         """Pick the next token from batch row `row` of the last decode."""
+        if self.grammar is not None:
+            return self._constrained(bctx.logits(row))
         if self.greedy_fast:
             logits = bctx.logits(row)
             if self.bias_ids.size:
@@ -444,8 +600,48 @@ class SamplerChain:
             return int(np.argmax(logits))
         return int(L.llama_sampler_sample(self.chain, bctx.ctx, row))
 
+    def _constrained(self, logits: np.ndarray) -> int:
+        """The chain's pick among the tokens the grammar allows; a token whose trigger replay the grammar
+        rejects is banned and the chain picks again. When the grammar allows nothing, an end of generation."""
+        banned: list[int] = []
+        for _ in range(self.MAX_PICKS):
+            tok = self._select(logits, banned)
+            if tok is None:
+                return self._end_token()
+            if self.grammar.offer(tok):
+                break
+            banned.append(tok)
+        else:
+            self.grammar.pass_over(tok)
+        L.llama_sampler_accept(self.chain, tok)  # the penalties' history; never the grammar's business
+        return tok
+
+    def _select(self, logits: np.ndarray, banned: list[int]) -> int | None:
+        """The chain's pick, checked against the grammar alone; only when the grammar rejects it is the whole
+        vocabulary masked (a full mask costs milliseconds) and the chain picks again: the same distribution as
+        masking first (llama.cpp's common sampler does the same). None: the grammar allows no token."""
+        c, g = self._candidates, self.grammar.active
+        c.load(logits, banned)
+        L.llama_sampler_apply(self.chain, c.ref)
+        tok = c.selected()
+        if g is None or self.grammar.allows(g, tok):
+            return tok
+        c.load(logits, banned)
+        L.llama_sampler_apply(g, c.ref)
+        if not c.any_possible():
+            return None
+        L.llama_sampler_apply(self.chain, c.ref)
+        return c.selected()
+
+    def _end_token(self) -> int:
+        eos = self.model.eos_id
+        return eos if eos >= 0 else min(self.model.eog_ids, default=0)
+
     def free(self) -> None:
-        """Release the native chain."""
+        """Release the native chain and grammar."""
         if self.chain:
             L.llama_sampler_free(self.chain)
             self.chain = None
+        if self.grammar is not None:
+            self.grammar.free()
+            self.grammar = None

@@ -19,7 +19,7 @@ from engine.core.promptcache import PromptCache, model_key
 from engine.core.request import Request, RequestState
 from engine.core.runner import Runner
 from engine.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError, UnsupportedByModel
-from engine.llama import BatchContext, EmbedContext, LlamaModel, SamplerChain
+from engine.llama import BatchContext, EmbedContext, LlamaModel, RankContext, SamplerChain
 from engine.requests import SamplingParams
 from engine.text import StopMatcher
 
@@ -102,6 +102,7 @@ class LoadedModel:
                              self.cache)
         self.stats = self.runner.stats
         self._ectx: EmbedContext | None = None
+        self._rctx: RankContext | None = None  # a reranker's, made at its first /v1/rerank
         self.outstanding = 0  # requests submitted and not yet ended (event loop only)
         self.created = int(time.time())
         self.state = "ready"
@@ -113,8 +114,9 @@ class LoadedModel:
         """Check a prompt against the context and wrap it as a request (raises ContextLengthExceeded); chat:
         the prompt came from messages (which "truncation": "auto" can shorten), else from a raw prompt."""
         if self.embedding_only:
-            raise UnsupportedByModel(f"model '{self.id}' is an embedding model: it serves /v1/embeddings only",
-                                     "model")
+            serves = "a reranker: it serves /v1/rerank" if self.model.is_reranker else \
+                "an embedding model: it serves /v1/embeddings"
+            raise UnsupportedByModel(f"model '{self.id}' is {serves} only", "model")
         n = len(prompt)
         room = self.ctx - n
         if room < 1:
@@ -184,6 +186,16 @@ class LoadedModel:
         self.stats.embedding_decodes += 1
         return vectors
 
+    def rank(self, group: list[list[int]]) -> list[float]:
+        """Relevance scores of one group from embed_groups (query and document pairs), in one decode
+        (scheduler thread)."""
+        if self._rctx is None:
+            self._rctx = RankContext(self.model, self.settings.threads, self.embed_limit())
+        scores = self._rctx.rank_group(group)
+        self.stats.embedding_inputs += len(group)
+        self.stats.embedding_decodes += 1
+        return scores
+
     # ---- snapshots (any thread) --------------------------------------------------------------------
 
     def live_requests(self) -> list[Request]:
@@ -241,7 +253,8 @@ class LoadedModel:
         m = self.model
         return {"path": str(m.path), "file_size": m.file_size, "arch": m.arch, "quant": m.quant(),
                 "params": m.n_params, "n_ctx_train": m.n_ctx_train, "description": m.description,
-                "embedding_only": self.embedding_only, "chunk": self.settings.chunk, "kv_dtype": self.settings.kv_dtype}
+                "embedding_only": self.embedding_only, "reranker": m.is_reranker, "chunk": self.settings.chunk,
+                "kv_dtype": self.settings.kv_dtype}
 
     def free(self) -> None:
         """Release every native object of the model (scheduler thread, after all its requests ended)."""
@@ -250,5 +263,7 @@ class LoadedModel:
             self.runner.bctx.free()
         if self._ectx:
             self._ectx.free()
+        if self._rctx:
+            self._rctx.free()
         self.model.free()
         self.state = "unloaded"

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import InvalidRequest, ModelLoadError
+from engine.errors import InvalidRequest, ModelLoadError, UnsupportedByModel
 from engine.speech import onnxinfo
 from engine.speech.modelfiles import check_metadata, metadata_int, model_dir, onnx_info
 from engine.speech.pool import WorkerPool
@@ -231,6 +231,23 @@ class TtsService:
     @staticmethod
     def sentences(text: str) -> list[str]:
         return [s for s in (p.strip() for p in _SENTENCE.split(text)) if s]
+
+    async def phonemes(self, text: str, voice: str | int | None = None) -> tuple[str, list[tuple[str, str]]]:
+        """What synthesis reads, without synthesizing: the espeak-ng voice (language) and each sentence with its
+        IPA phonemes, from the same piper-phonemize call and sentence split. On the TTS worker: espeak-ng is one
+        process-wide state, not to be entered from two threads."""
+        m = self.model
+        sid = self.voice_id(voice)
+        if not m.phonemes:
+            raise UnsupportedByModel(f"TTS model '{m.id}' reads text letter by letter: it has no phonemes", "model")
+        language = m.espeak[sid]
+        sentences = self.sentences(text)
+
+        def job(_tts):
+            from piper_phonemize import phonemize_espeak
+            # espeak-ng may end a sentence where ours goes on (after "Mr."): its pieces, a space apart
+            return [(s, " ".join("".join(p) for p in phonemize_espeak(s, language))) for s in sentences], 0.0
+        return language, await self.pool.run(job)
 
     PAUSE_S = 0.25  # between sentences: VITS ends a sentence with almost no silence
 

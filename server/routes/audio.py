@@ -1,15 +1,16 @@
-"""Speech routes: transcriptions, translations, speech, voices, and /vad."""
+"""Speech routes: transcriptions, translations, speech, phonemes, voices, and /vad."""
 from __future__ import annotations
 
 import asyncio
 import base64
 import math
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.multipart import BadContentDispositionHeader, BadContentDispositionParam, BodyPartReader, MultipartReader
+from pydantic import Field
 
 from engine.errors import InvalidRequest, ModelNotFound, PayloadTooLarge, UnsupportedMediaType
 from engine.speech import audio
@@ -20,6 +21,7 @@ from server import sse
 from server.errors import MAX_UPLOAD_KEY
 from server.keys import CONFIG, SERVICE
 from server.schemas import Fields, read_json
+from server.shapes import Shape, documents, parse
 
 routes = web.RouteTableDef()
 ASR_ALIASES = {"whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe"}
@@ -214,10 +216,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     stream_format = f.get("stream_format", str)
     f.get("instructions", str)
     f.log_ignored()
-    svc = request.app[SERVICE].speech.get("tts")
-    if model and model != svc.id and model not in TTS_ALIASES:
-        raise ModelNotFound(f"The model '{model}' does not exist; text-to-speech model: {svc.id} "
-                            f"(or {', '.join(sorted(TTS_ALIASES))})", "model")
+    svc = _tts(request, model)
     check_tts_input(text, speed)
     if fmt not in audio.FORMATS:
         raise InvalidRequest(f"response_format must be one of {', '.join(audio.FORMATS)}, got {fmt!r}",
@@ -258,6 +257,42 @@ async def _speech_events(request: web.Request, svc, text: str, voice, speed: flo
                                 "usage": {"input_tokens": len(text), "output_tokens": 0, "total_tokens": len(text)}}))
     await resp.write_eof()
     return resp
+
+
+def _tts(request: web.Request, model: str | None):
+    svc = request.app[SERVICE].speech.get("tts")
+    if model and model != svc.id and model not in TTS_ALIASES:
+        raise ModelNotFound(f"The model '{model}' does not exist; text-to-speech model: {svc.id} "
+                            f"(or {', '.join(sorted(TTS_ALIASES))})", "model")
+    return svc
+
+
+class VoiceRef(Shape):
+    """OpenAI's custom-voice object: its id names one of the model's voices."""
+
+    id: Annotated[str, Field(min_length=1)]
+
+
+class PhonemesRequest(Shape):
+    """Text to phonemize as the text-to-speech model reads it (no audio is made)."""
+
+    input: str
+    voice: str | Annotated[int, Field(ge=0)] | VoiceRef | None = None  # as /v1/audio/speech takes it
+    model: str | None = None
+
+
+@documents("POST", "/v1/audio/phonemes", "The normalized text, language and IPA phonemes per sentence that "
+           "text-to-speech would read", PhonemesRequest)
+@routes.post("/v1/audio/phonemes")
+async def phonemes(request: web.Request) -> web.Response:
+    """{input, voice?, model?} -> {text, language, sentences: [{text, phonemes}]}: the TTS model's own G2P."""
+    body = parse(PhonemesRequest, await read_json(request), "audio.phonemes")
+    svc = _tts(request, body.model)
+    check_tts_input(body.input, 1.0)
+    voice = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
+    language, sentences = await svc.phonemes(body.input, voice)
+    return web.json_response({"text": " ".join(text for text, _ in sentences), "language": language,
+                              "sentences": [{"text": text, "phonemes": ipa} for text, ipa in sentences]})
 
 
 @routes.get("/v1/audio/voices")
