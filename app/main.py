@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:
         from app import bench_cli
         return bench_cli.main(argv[1:])
+    if argv[:1] == ["pull"]:
+        from app import pull_cli
+        return pull_cli.main(argv[1:])
     try:
         config = load(argv)
     except ConfigError as e:

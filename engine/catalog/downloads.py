@@ -22,14 +22,14 @@ from typing import Callable
 import aiohttp
 
 from engine.catalog.entries import Entry, sidecar_path
-from engine.errors import Conflict, EngineError
+from engine.errors import Conflict, UpstreamError
 
 log = logging.getLogger("llamadesk.downloads")
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 BLOCK = 1 << 20
 
 
-class DownloadError(EngineError):
+class DownloadError(UpstreamError):
     """A download failed for a reason worth telling the user (hash, space, HTTP, archive)."""
 
 
@@ -49,6 +49,7 @@ class Download:
     error: str | None = None
     attempts: int = 0
     started: float = 0.0
+    http_status: int | None = None  # the refusing answer's status, when the source refused (401 for a gated repo)
 
     @property
     def eta_s(self) -> float | None:
@@ -77,7 +78,7 @@ class Downloader:
         self.backoff_s = backoff_s
         self.on_change = on_change
         self.downloads: dict[str, Download] = {}
-        self._queue: asyncio.Queue[tuple[Entry, Download]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Entry, Download, str | None, dict[str, str]]] = asyncio.Queue()
         self._worker: asyncio.Task | None = None
         self._cancel: set[str] = set()
         self._session: aiohttp.ClientSession | None = None
@@ -88,15 +89,16 @@ class Downloader:
         """The entry's URL, or the same file name under the mirror base URL."""
         return f"{self.mirror}/{e.file}" if self.mirror else e.url
 
-    def enqueue(self, e: Entry) -> Download:
-        """Queue an entry (DownloadConflict if it is already queued or running)."""
+    def enqueue(self, e: Entry, url: str | None = None, headers: dict[str, str] | None = None) -> Download:
+        """Queue an entry (DownloadConflict if it is already queued or running); url: fetch it from there rather
+        than from url_for(e); headers: sent with each request (a hub token)."""
         cur = self.downloads.get(e.name)
         if cur and cur.status in ("queued", "downloading", "verifying", "extracting"):
             raise DownloadConflict(f"{e.name} is already {cur.status}")
         self._cancel.discard(e.name)
         d = Download(e.name)
         self.downloads[e.name] = d
-        self._queue.put_nowait((e, d))
+        self._queue.put_nowait((e, d, url, dict(headers or {})))
         self._idle.clear()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.get_running_loop().create_task(self._run(), name="llamadesk-downloads")
@@ -139,11 +141,11 @@ class Downloader:
             self._session = aiohttp.ClientSession(trust_env=True, timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=30, sock_read=60))
         while not self._queue.empty():
-            e, d = self._queue.get_nowait()
+            e, d, url, headers = self._queue.get_nowait()
             if d.status == "cancelled":
                 continue
             try:
-                await self._download(e, d)
+                await self._download(e, d, url or self.url_for(e), headers)
                 d.status = "done"
                 log.info("downloaded and verified %s", e.name)
             except _Cancelled:
@@ -167,17 +169,16 @@ class Downloader:
         if e.name in self._cancel:
             raise _Cancelled()
 
-    async def _download(self, e: Entry, d: Download) -> None:
+    async def _download(self, e: Entry, d: Download, url: str, headers: dict[str, str]) -> None:
         self.models_dir.mkdir(parents=True, exist_ok=True)
         part = self._part(e)
-        url = self.url_for(e)
         d.status, d.started = "downloading", time.monotonic()
         self._changed(d)
         while True:
             self._check(e)
             d.attempts += 1
             try:
-                if await self._fetch(url, e, d, part):
+                if await self._fetch(url, e, d, part, headers):
                     break
             except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as err:
                 if d.attempts > self.retries:
@@ -203,10 +204,10 @@ class Downloader:
             os.replace(part, e.local_path(self.models_dir))
         sidecar_path(e, self.models_dir).write_text(f"{e.sha256}  {e.local_path(Path('.')).name}\n")
 
-    async def _fetch(self, url: str, e: Entry, d: Download, part: Path) -> bool:
+    async def _fetch(self, url: str, e: Entry, d: Download, part: Path, extra: dict[str, str]) -> bool:
         """One HTTP attempt; True when the whole file is on disk, False to retry."""
         have = part.stat().st_size if part.exists() else 0
-        headers = {"Range": f"bytes={have}-"} if have else {}
+        headers = {**extra, **({"Range": f"bytes={have}-"} if have else {})}
         async with self._session.get(url, headers=headers) as r:
             if r.status == 416 and have:
                 return True  # nothing left to fetch: the partial file is complete
@@ -216,6 +217,7 @@ class Downloader:
                 log.warning("%s answered HTTP %d; retrying", url, r.status)
                 return False
             if r.status not in (200, 206):
+                d.http_status = r.status
                 raise DownloadError(f"{url} answered HTTP {r.status} {r.reason}")
             if r.status == 206 and not (r.headers.get("Content-Range", "").startswith(f"bytes {have}-")):
                 raise DownloadError(f"{url} sent a range that does not continue the partial file")

@@ -1,13 +1,42 @@
-"""The model catalog: browse, download (resumable, verified), cancel, serve, import."""
+"""The model catalog: browse, download (resumable, verified), cancel, serve, import; and any GGUF from Hugging
+Face: search, a repo's files, pull (NDJSON progress as Ollama's pull streams it)."""
 from __future__ import annotations
 
-from aiohttp import web
+import json
+from typing import Annotated
 
+from aiohttp import web
+from pydantic import Field
+
+from engine.errors import EngineError
 from server.access import loopback_only
+from server.errors import classify
 from server.keys import SERVICE
 from server.schemas import Fields, read_json
+from server.shapes import Shape, documents, parse
 
 routes = web.RouteTableDef()
+
+
+class SearchQuery(Shape):
+    """GET /models/search's query string."""
+
+    q: str = Field(min_length=1, max_length=200, description="words to search GGUF repos for")
+    limit: Annotated[int, Field(ge=1, le=100, strict=False)] = 20  # query values are strings: "20" is 20
+
+
+class FilesQuery(Shape):
+    """GET /models/files' query string."""
+
+    repo: str = Field(min_length=1, max_length=300, description="a Hugging Face repo, owner/name")
+
+
+class PullRequest(Shape):
+    """POST /models/pull's body."""
+
+    model: str = Field(min_length=1, max_length=400, description="repo, repo:QUANT or repo/file.gguf")
+    stream: bool = Field(True, description="NDJSON progress lines (default), or one object when done")
+    vision: bool = Field(False, description="also pull the repo's vision tower (mmproj)")
 
 
 async def _name(request: web.Request, route: str, *extra: str) -> tuple[str, dict]:
@@ -50,3 +79,47 @@ async def import_gguf(request: web.Request) -> web.Response:
     f = Fields(await read_json(request), "catalog.import")
     path = f.require("path", str, "a GGUF file on this machine")
     return web.json_response(await request.app[SERVICE].catalog.import_gguf(path), status=201)
+
+
+@documents("GET", "/models/search", "Search Hugging Face for GGUF repos (?q=words&limit=20), most downloaded first")
+@routes.get("/models/search")
+async def search_hub(request: web.Request) -> web.Response:
+    query = parse(SearchQuery, dict(request.query), "models.search")
+    return web.json_response(await request.app[SERVICE].catalog.search(query.q, query.limit))
+
+
+@documents("GET", "/models/files", "A Hugging Face repo's GGUF models (?repo=owner/name) with quant, size and fit")
+@routes.get("/models/files")
+async def hub_files(request: web.Request) -> web.Response:
+    query = parse(FilesQuery, dict(request.query), "models.files")
+    return web.json_response(await request.app[SERVICE].catalog.files(query.repo))
+
+
+def _line(obj: dict) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+
+
+@documents("POST", "/models/pull", "Pull a GGUF from Hugging Face (repo, repo:QUANT or repo/file.gguf), verified "
+           "against its sha256; NDJSON progress", PullRequest)
+@routes.post("/models/pull")
+@loopback_only
+async def pull(request: web.Request) -> web.StreamResponse:
+    """Errors found before any byte moves (a bad name, no such repo or quant, a gated repo without a token) are
+    the response's status; a failure while downloading is the stream's last line, {"error": {...}}. The pull goes
+    on if the client leaves (GET /catalog lists it under `pulls`)."""
+    body = parse(PullRequest, await read_json(request), "models.pull")
+    job = await request.app[SERVICE].catalog.pull(body.model, body.vision)
+    if not body.stream:
+        await job.wait()
+        if job.error is not None:
+            raise job.error
+        return web.json_response({"status": "success", **job.summary()})
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+    try:
+        async for event in job.events():
+            await resp.write(_line(event))
+    except EngineError as e:
+        await resp.write(_line(classify(e)[1]))
+    await resp.write_eof()
+    return resp

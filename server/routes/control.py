@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from engine.config import NETWORK_KEYS, OPTIONS, ConfigError, ModelEntry
+from engine.config import NETWORK_KEYS, OPTIONS, SECRET_KEYS, ConfigError, ModelEntry
 from engine.errors import EngineStopped as ServiceUnavailable
 from engine.errors import Forbidden, InvalidRequest
 from engine.system import VERSION
@@ -178,8 +178,9 @@ async def activate_model(request: web.Request) -> web.Response:
 async def get_config(request: web.Request) -> web.Response:
     cfg = request.app[SERVICE].config
     report = cfg.report()
-    if report["api_key"]["value"]:
-        report["api_key"]["value"] = "***"
+    for key in SECRET_KEYS:
+        if report[key]["value"]:
+            report[key]["value"] = "***"
     return web.json_response({"path": str(cfg.path) if cfg.path else None, "keys": report,
                               "models": [dataclasses.asdict(m) for m in cfg.models]})
 

@@ -1,14 +1,17 @@
-"""Catalog: curated models with fit badges, download progress (rate, ETA), cancel, serve, show in folder."""
+"""Catalog: curated models with fit badges, download progress (rate, ETA), cancel, serve, show in folder; and any
+GGUF from Hugging Face: search, a repo's files with quant, size and fit, Download (pull)."""
 from __future__ import annotations
 
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
-                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
+                               QProgressBar, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from engine.catalog.entries import KINDS
 
 COLUMNS = ["name", "kind", "family", "size", "fit", "license", "on disk", "download"]
+REPO_COLUMNS = ["repo", "downloads", "likes"]
+FILE_COLUMNS = ["quant", "file", "size", "fit", ""]
 
 
 def _size(n: int, estimated: bool) -> str:
@@ -56,8 +59,111 @@ class CatalogPanel(QWidget):
         layout.addLayout(top)
         layout.addWidget(self.table, 1)
         layout.addLayout(actions)
+        layout.addWidget(self._hub_box(), 1)
         bridge.stats_updated.connect(self.on_stats_updated)
         bridge.reloaded.connect(self.refresh)
+        bridge.hub_results.connect(self.on_hub_results)
+        bridge.hub_files.connect(self.on_hub_files)
+        bridge.hub_failed.connect(self.on_hub_failed)
+
+    def _hub_box(self) -> QGroupBox:
+        """Search Hugging Face, a repo's GGUFs, Download."""
+        self.hub_query = QLineEdit()
+        self.hub_query.setPlaceholderText("search Hugging Face for GGUF models")
+        self.hub_search_button = QPushButton("Search")
+        self.hub_repos = _table(REPO_COLUMNS)
+        self.hub_models = _table(FILE_COLUMNS)
+        self.hub_vision = QCheckBox("with its vision tower")
+        self.hub_pull_button = QPushButton("Download")
+        self.hub_status = QLabel()
+        self.hub_status.setWordWrap(True)
+        self.hub_search_button.clicked.connect(self.search_hub)
+        self.hub_query.returnPressed.connect(self.search_hub)
+        self.hub_repos.itemSelectionChanged.connect(self.on_repo_selected)
+        self.hub_pull_button.clicked.connect(self.pull_selected)
+        self.hub_repo_list: list[dict] = []
+        self.hub_model_list: list[dict] = []
+        self._pull_shown: tuple | None = None
+        search = QHBoxLayout()
+        search.addWidget(self.hub_query, 1)
+        search.addWidget(self.hub_search_button)
+        tables = QHBoxLayout()
+        tables.addWidget(self.hub_repos, 1)
+        tables.addWidget(self.hub_models, 1)
+        actions = QHBoxLayout()
+        actions.addWidget(self.hub_status, 1)
+        actions.addWidget(self.hub_vision)
+        actions.addWidget(self.hub_pull_button)
+        box = QGroupBox("Hugging Face")
+        inner = QVBoxLayout(box)
+        inner.addLayout(search)
+        inner.addLayout(tables, 1)
+        inner.addLayout(actions)
+        return box
+
+    def search_hub(self) -> None:
+        query = self.hub_query.text().strip()
+        if query:
+            self.hub_status.setText(f"searching for {query}…")
+            self.bridge.search_hub(query)
+
+    def on_hub_results(self, query: str, repos: list) -> None:
+        self.hub_repos.clearSelection()  # a new list: picking its first row must read as a choice
+        self.hub_repo_list = repos
+        self.hub_repos.setRowCount(len(repos))
+        for r, m in enumerate(repos):
+            for c, text in enumerate((m["id"], f"{m['downloads']:,}", f"{m['likes']:,}")):
+                self.hub_repos.setItem(r, c, QTableWidgetItem(text))
+        self.hub_models.setRowCount(0)
+        self.hub_status.setText(f"{len(repos)} GGUF repos for {query}" if repos else f"no GGUF repo matches {query}")
+
+    def on_repo_selected(self) -> None:
+        rows = self.hub_repos.selectionModel().selectedRows()
+        row = rows[0].row() if rows else -1
+        if 0 <= row < len(self.hub_repo_list):
+            self.hub_status.setText(f"listing {self.hub_repo_list[row]['id']}…")
+            self.bridge.hub_repo(self.hub_repo_list[row]["id"])
+
+    def on_hub_files(self, repo: str, doc: dict) -> None:
+        self.hub_model_list = doc["models"]
+        self.hub_models.setRowCount(len(self.hub_model_list))
+        default = None
+        for r, m in enumerate(self.hub_model_list):
+            parts = f" ({len(m['parts'])} parts)" if len(m["parts"]) > 1 else ""
+            for c, text in enumerate((m["quant"] or "?", m["file"] + parts, _size(m["size"], False), m["fit"],
+                                      "default" if m["default"] else "")):
+                self.hub_models.setItem(r, c, QTableWidgetItem(text))
+            if m["default"]:
+                default = r
+        if default is not None:
+            self.hub_models.selectRow(default)
+        self.hub_vision.setEnabled(bool(doc["vision"]))
+        towers = f"; vision tower {doc['vision'][0]['path']}" if doc["vision"] else ""
+        self.hub_status.setText(f"{repo}: {len(self.hub_model_list)} GGUF models{towers}")
+
+    def on_hub_failed(self, message: str) -> None:
+        self.hub_status.setText(message)
+
+    def pull_selected(self) -> None:
+        row = self.hub_models.currentRow()
+        if 0 <= row < len(self.hub_model_list):
+            model = self.hub_model_list[row]["pull"]
+            self.hub_status.setText(f"pulling {model}…")
+            self.bridge.pull(model, self.hub_vision.isEnabled() and self.hub_vision.isChecked())
+
+    def show_pulls(self, pulls: list[dict]) -> None:
+        """The latest pull's progress under the search (when it moved: the search's own lines stay otherwise)."""
+        p = pulls[-1] if pulls else None
+        if p is None or (p["spec"], p["status"], p["completed"]) == self._pull_shown:
+            return
+        self._pull_shown = (p["spec"], p["status"], p["completed"])
+        if p["status"] == "downloading":
+            self.hub_status.setText(f"pulling {p['spec']}: {_size(p['completed'], False)} of "
+                                    f"{_size(p['size'], False)}")
+        elif p["status"] == "done":
+            self.hub_status.setText(f"pulled {p['spec']}: a request for the model '{p['model']}' serves it")
+        else:
+            self.hub_status.setText(f"pull of {p['spec']} {p['status']}: {p['error']}")
 
     def on_stats_updated(self, _stats: dict) -> None:
         if self.isVisible():
@@ -72,6 +178,7 @@ class CatalogPanel(QWidget):
         if doc is None:
             return
         self.entries = doc["entries"]
+        self.show_pulls(doc.get("pulls", []))
         b = doc["box"]
         self.box.setText(f"this box: {b['ram_bytes'] / 2**30:.0f} GiB RAM"
                          + (f", {b['vram_bytes'] / 2**30:.0f} GiB VRAM" if b.get("vram_bytes") else "")
@@ -133,3 +240,14 @@ class CatalogPanel(QWidget):
         folder = self.bridge.models_dir()
         if folder is not None:
             QDesktopServices.openUrl(QUrl.fromLocalFile(folder))
+
+
+def _table(columns: list[str]) -> QTableWidget:
+    t = QTableWidget(0, len(columns))
+    t.setHorizontalHeaderLabels(columns)
+    t.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+    t.verticalHeader().setVisible(False)
+    t.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
+    t.setSelectionMode(QTableWidget.SelectionMode.SingleSelection)
+    t.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+    return t

@@ -9,6 +9,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLineEdit, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from engine import llama
+from engine.config import SECRET_KEYS
 from engine.system import VERSION, hardware_line
 
 LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -60,7 +61,7 @@ class LogsPanel(QWidget):
         return "\n".join([
             f"llamadesk {VERSION}", f"OS: {platform.platform()}", f"Python: {platform.python_version()}",
             f"hardware: {hardware_line()}", f"llama.cpp: {llama.system_info()}",
-            "config: " + json.dumps({k: v["value"] for k, v in cfg.report().items() if k != "api_key"}),
+            "config: " + json.dumps({k: v["value"] for k, v in cfg.report().items() if k not in SECRET_KEYS}),
             "models: " + json.dumps([m.path for m in cfg.models])])
 
     def copy_diagnostics(self) -> None:
