@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,15 @@ SCHEMA: tuple[Option, ...] = (
     Option("responses_store_mb", int, 256, "stored Responses API responses (store, previous_response_id), MiB kept "
            "in the user data dir across restarts, the oldest dropped first (0: none kept)", minimum=0,
            maximum=1 << 20),
+    Option("jit", bool, True, "a request naming an available model that is not loaded (a roster entry, a "
+           "downloaded catalog entry, a GGUF in models_dir) loads it; off: 404"),
+    Option("idle_ttl", int, 3600, "seconds a model loaded on demand stays loaded while idle (-1: until unloaded; "
+           "models loaded at start stay unless their roster entry sets ttl)", minimum=-1, maximum=366 * 86400),
+    Option("max_memory", int, -1, "MiB that loaded models may take together (weights, KV cache, compute "
+           "buffers, estimated before a load); idle models are unloaded to make room (-1: 3/4 of the RAM)",
+           minimum=-1, maximum=1 << 30),
+    Option("max_loaded", int, 0, "most models loaded at once (0: no limit beyond --max-memory)", minimum=0,
+           maximum=1024),
     Option("gpu", str, "auto", "offload layers to a GPU when llama.cpp has one", choices=("auto", "off")),
     Option("models_dir", str, None, "where downloaded models live (default: the user data dir)"),
     Option("asr", str, None, "speech-to-text model directory (whisper, moonshine, NeMo, SenseVoice, Paraformer)"),
@@ -107,6 +117,8 @@ SCHEMA: tuple[Option, ...] = (
     Option("vad", str, None, "Silero VAD model (default: the one shipped with llamadesk)"),
     Option("catalog_mirror", str, None, "base URL serving catalog files by name (offline mirrors, tests)"),
     Option("catalog_path", str, None, "a catalog TOML to use instead of the one shipped with llamadesk"),
+    Option("hf_token", str, None, "Hugging Face token for pulling gated and private repos (default: $HF_TOKEN, "
+           "then the token file `hf auth login` writes)"),
     Option("max_json_mb", int, 16, "largest JSON request body, in MB (413 beyond)", minimum=1, maximum=1024),
     Option("max_upload_mb", int, 64, "largest audio upload, in MB (413 beyond)", minimum=1, maximum=4096),
     Option("max_audio_s", int, 7200, "longest audio a transcription decodes, in seconds (413 beyond; /vad takes 120)",
@@ -124,10 +136,11 @@ SCHEMA: tuple[Option, ...] = (
 OPTIONS = {o.name: o for o in SCHEMA}
 # Who can reach the server and with what key: changed from the GUI, the CLI or the file, never by an HTTP
 # request without the API key (a web page in the user's browser could otherwise open the server up).
+SECRET_KEYS = ("api_key", "hf_token")  # shown as *** by /config and left out of the diagnostics
 NETWORK_KEYS = ("host", "api_key", "cors_origins", "allowed_hosts", "insecure_no_key")
 MODEL_KEYS = {"name": str, "path": str, "default": bool, "ctx": int, "streams": int, "chunk": int,
               "kv_dtype": str, "chat_template": str, "tool_format": str, "kv_unified": bool, "cache_ram": int,
-              "cache_disk": int}
+              "cache_disk": int, "ttl": int, "preload": bool}
 # The tool-call wire formats engine/tools.py parses and constrains (the one list); a roster entry may also
 # say "none" (tools refused with a 400).
 TOOL_FORMATS = ("hermes", "llama_json", "mistral", "harmony", "gemma", "generic")
@@ -149,6 +162,11 @@ class ModelEntry:
     kv_unified: bool | None = None  # the global kv_unified, cache_ram (MiB) and cache_disk (MiB) for this model
     cache_ram: int | None = None
     cache_disk: int | None = None
+    ttl: int | None = None  # seconds idle before it is unloaded (-1: never); default: stays if preloaded
+    preload: bool | None = None  # false: listed, and loaded by the first request naming it
+
+
+_SAVING = threading.Lock()
 
 
 @dataclass
@@ -182,7 +200,8 @@ class Config:
                 self.sources[k] = "toml"
         if self.path is None:
             return None
-        _write_toml(self.path, values, self.models)
+        with _SAVING:  # the roster, /config, the catalog and the window may save at once, from threads
+            _write_toml(self.path, values, list(self.models))
         return self.path
 
     def models_dir(self) -> Path:
@@ -265,7 +284,7 @@ def _parse_models(raw: Any, path: Path) -> list[ModelEntry]:
                                   f"allowed: {', '.join(TOOL_FORMATS)}, none")
             if k in OPTIONS:
                 OPTIONS[k].parse(v, f"[[models]] {i + 1}")
-            elif not isinstance(v, MODEL_KEYS[k]):
+            elif not isinstance(v, MODEL_KEYS[k]) or isinstance(v, bool) and MODEL_KEYS[k] is not bool:
                 raise ConfigError(f"invalid value for '{k}' in [[models]] entry {i + 1}: {v!r}")
         item = dict(item)
         item.setdefault("name", Path(item["path"]).stem)

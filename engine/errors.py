@@ -35,6 +35,10 @@ class ModelNotFound(EngineError):
     """The request names a model that is not in the roster."""
 
 
+class NotFound(EngineError):
+    """The request names a stored object (a stored response) that does not exist or is no longer kept."""
+
+
 class UnsupportedByModel(InvalidRequest):
     """The model cannot serve this kind of request (e.g. chat on an embedding model)."""
 
@@ -65,3 +69,15 @@ class ModelLoadError(EngineError):
 
 class EngineStopped(EngineError):
     """The engine is shutting down and takes no more work."""
+
+
+class UpstreamError(EngineError):
+    """A remote service llamadesk called for the request (the model hub) failed or could not be reached."""
+
+
+class UpstreamUnauthorized(UpstreamError):
+    """A remote service refused for want of credentials (a gated or private model repo without a token)."""
+
+
+class InsufficientMemory(EngineError):
+    """A model does not fit the memory budget (alone, or beside the busy models)."""

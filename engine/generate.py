@@ -1,12 +1,13 @@
 """From a caller's request to requests on the scheduler thread: the output spec compiled into one grammar
 and one way of reading the text, the chat template rendered and tokenized (off the loop), the sampler
-built, and the request with its n > 1 choices handed to the model's runner. Embeddings too."""
+built, and the request with its n > 1 choices handed to the model's runner. Embeddings and reranking too."""
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
 import dataclasses
 import itertools
+import re
 import uuid
 from typing import Any, Callable
 
@@ -15,9 +16,10 @@ from engine.chat import turns
 from engine.core.generation import Generation
 from engine.core.request import Request
 from engine.errors import ContextLengthExceeded, EngineStopped, InvalidRequest, QueueFull, UnsupportedByModel
+from engine.llama import LlamaModel
 from engine.models.loaded import LoadedModel
 from engine.models.manager import ModelManager
-from engine.requests import ChatRequest, CompletionRequest, OutputReading, SamplingParams
+from engine.requests import KEEP, ChatRequest, CompletionRequest, OutputReading, SamplingParams
 
 MAX_QUEUED = 32  # requests waiting for a stream, per model, before 503
 
@@ -81,25 +83,26 @@ class Generator:
     async def chat(self, req: ChatRequest, n: int = 1) -> list[Generation]:
         """Render, tokenize and queue a chat completion with n choices; iterate each one's chunks()."""
         self._not_benching()
-        m = self.roster.get(req.model)
-        req, sampling, reading = compile_output(m, req)
-        prompt, text = await self._off_loop(self._chat_tokens, m, req)
-        # templates that open <think> in the generation prompt: the reply starts inside the reasoning
-        reading = dataclasses.replace(reading, in_reasoning=reading.reasoning and text.rstrip().endswith("<think>"))
-        return await self._submit(m, prompt, sampling, n, reading)
+        async with self.roster.lease(req.model, req.keep_alive) as m:
+            req, sampling, reading = compile_output(m, req)
+            prompt, text = await self._off_loop(self._chat_tokens, m, req)
+            # templates that open <think> in the generation prompt: the reply starts inside the reasoning
+            opens = reading.reasoning and text.rstrip().endswith("<think>")
+            reading = dataclasses.replace(reading, in_reasoning=opens)
+            return await self._submit(m, prompt, sampling, n, reading)
 
     async def complete(self, req: CompletionRequest, n: int = 1) -> list[Generation]:
         """Tokenize and queue a raw completion with n choices."""
         self._not_benching()
-        m = self.roster.get(req.model)
-        if isinstance(req.prompt, str):
-            prompt = await self._off_loop(self._tokenize, m, req.prompt)
-        else:
-            prompt = list(req.prompt)
-            m.check_tokens(prompt, "prompt")
-        if not prompt:
-            raise InvalidRequest("the prompt is empty", "prompt")
-        return await self._submit(m, prompt, req.sampling, n, OutputReading(), chat=False)
+        async with self.roster.lease(req.model, req.keep_alive) as m:
+            if isinstance(req.prompt, str):
+                prompt = await self._off_loop(self._tokenize, m, req.prompt)
+            else:
+                prompt = list(req.prompt)
+                m.check_tokens(prompt, "prompt")
+            if not prompt:
+                raise InvalidRequest("the prompt is empty", "prompt")
+            return await self._submit(m, prompt, req.sampling, n, OutputReading(), chat=False)
 
     async def _submit(self, m: LoadedModel, prompt: list[int], sampling: SamplingParams, n: int,
                       reading: OutputReading, chat: bool = True) -> list[Generation]:
@@ -200,54 +203,61 @@ class Generator:
     async def tokenize(self, model: str | None, text: str, add_special: bool, parse_special: bool,
                        ) -> tuple[LoadedModel, list[int]]:
         """The model's token ids for text (off the loop)."""
-        m = self.roster.get(model)
-        toks = await self._off_loop(lambda: m.model.tokenize(text, add_special=add_special,
-                                                             parse_special=parse_special))
-        return m, toks
+        async with self.roster.lease(model) as m:
+            toks = await self._off_loop(lambda: m.model.tokenize(text, add_special=add_special,
+                                                                 parse_special=parse_special))
+            return m, toks
 
     async def detokenize(self, model: str | None, tokens: list[int]) -> str:
         """The text token ids stand for (special tokens as their text; invalid UTF-8 as U+FFFD)."""
-        m = self.roster.get(model)
-        m.check_tokens(tokens, "tokens")
-        return await self._off_loop(
-            lambda: b"".join(m.model.piece(t, special=True) for t in tokens).decode("utf-8", "replace"))
+        async with self.roster.lease(model) as m:
+            m.check_tokens(tokens, "tokens")
+            return await self._off_loop(
+                lambda: b"".join(m.model.piece(t, special=True) for t in tokens).decode("utf-8", "replace"))
 
     async def infill(self, model: str | None, prefix: str, suffix: str, prompt: str, sampling: SamplingParams,
                      ) -> list[Generation]:
         """Fill in the middle (llama-server's /infill): the model's FIM tokens around prefix and suffix, then
         generate what goes between (prompt: text the middle starts with)."""
         self._not_benching()
-        m = self.roster.get(model)
-        if m.model.fim is None:
-            raise UnsupportedByModel(f"model '{m.id}' has no fill-in-the-middle tokens (a code model has them)",
-                                     "model")
-        pre, suf, mid = m.model.fim
+        async with self.roster.lease(model) as m:
+            if m.model.fim is None:
+                raise UnsupportedByModel(f"model '{m.id}' has no fill-in-the-middle tokens (a code model has them)",
+                                         "model")
+            pre, suf, mid = m.model.fim
 
-        def tok(text: str) -> list[int]:
-            return m.model.tokenize(text, add_special=False, parse_special=False) if text else []
+            def tok(text: str) -> list[int]:
+                return m.model.tokenize(text, add_special=False, parse_special=False) if text else []
 
-        def tokens() -> list[int]:
-            head = [m.model.bos_id] if m.model.add_bos and m.model.bos_id >= 0 else []
-            return [*head, pre, *tok(prefix), suf, *tok(suffix), mid, *tok(prompt)]
-        return await self._submit(m, await self._off_loop(tokens), sampling, 1, OutputReading(), chat=False)
+            def tokens() -> list[int]:
+                head = [m.model.bos_id] if m.model.add_bos and m.model.bos_id >= 0 else []
+                return [*head, pre, *tok(prefix), suf, *tok(suffix), mid, *tok(prompt)]
+            return await self._submit(m, await self._off_loop(tokens), sampling, 1, OutputReading(), chat=False)
 
     async def apply_template(self, req: ChatRequest) -> str:
         """The prompt a chat request renders to (its tools and output format applied), not generated."""
-        m = self.roster.get(req.model)
-        req, _, _ = compile_output(m, req)
-        return (await self._off_loop(self._chat_tokens, m, req))[1]
+        async with self.roster.lease(req.model) as m:
+            req, _, _ = compile_output(m, req)
+            return (await self._off_loop(self._chat_tokens, m, req))[1]
+
+    async def count_tokens(self, req: ChatRequest) -> int:
+        """How many prompt tokens a chat request renders to (what its usage would count), not generated."""
+        async with self.roster.lease(req.model) as m:
+            req, _, _ = compile_output(m, req)
+            return len((await self._off_loop(self._chat_tokens, m, req))[0])
 
     # ---- embeddings ----------------------------------------------------------------------------
 
-    async def embed(self, model: str | None, inputs: list[str | list[int]]) -> tuple[str, list, int]:
+    async def embed(self, model: str | None, inputs: list[str | list[int]], keep_alive: Any = KEEP,
+                    ) -> tuple[str, list, int]:
         """(model id, unit-norm vectors, prompt tokens) for every input, batched into few decodes."""
         self._not_benching()
-        m = self.roster.get(model)
-        toks = await self._off_loop(self._embed_tokens, m, inputs)
-        vectors = []
-        for group in m.embed_groups(toks):  # one decode per call: generation ticks run between them
-            vectors += await self._run(lambda g=group: m.embed(g))
-        return m.id, vectors, sum(len(t) for t in toks)
+        async with self.roster.lease(model, keep_alive) as m:
+            toks = await self._off_loop(self._embed_tokens, m, inputs)
+            vectors = []
+            for group in m.embed_groups(toks):  # one decode per call: generation ticks run between them
+                vectors += await self._run(lambda g=group: m.embed(g))
+            return m.id, vectors, sum(len(t) for t in toks)
 
     def _embed_tokens(self, m: LoadedModel, inputs: list[str | list[int]]) -> list[list[int]]:
         out = []
@@ -267,6 +277,56 @@ class Generator:
                                             f"{limit}", "input")
             out.append(toks)
         return out
+
+    # ---- reranking -----------------------------------------------------------------------------
+
+    async def rerank(self, model: str | None, query: str, documents: list[str]) -> tuple[str, list[float], int]:
+        """(model id, each document's relevance score to query, prompt tokens) from a reranker's classifier
+        head, the query and document pairs batched into few decodes."""
+        self._not_benching()
+        async with self.roster.lease(model) as m:
+            if not m.model.is_reranker:
+                raise UnsupportedByModel(
+                    f"model '{m.id}' is not a reranker: /v1/rerank needs a GGUF with rank pooling "
+                    f"({m.model.arch}.pooling_type = 4) and a classifier head, such as bge-reranker or "
+                    "Qwen3-Reranker", "model")
+            toks = await self._off_loop(self._rerank_tokens, m, query, documents)
+            scores = []
+            for group in m.embed_groups(toks):  # one decode per call: generation ticks run between them
+                scores += await self._run(lambda g=group: m.rank(g))
+            return m.id, scores, sum(len(t) for t in toks)
+
+    def _rerank_tokens(self, m: LoadedModel, query: str, documents: list[str]) -> list[list[int]]:
+        """Each pair's tokens, as llama-server lays them out (format_prompt_rerank): the GGUF's rerank prompt
+        with {query} and {document} filled in, or else [BOS] query [EOS] [SEP] document [EOS] (each marker
+        where the vocabulary adds it)."""
+        limit = m.embed_limit()
+        out = []
+        for i, doc in enumerate(documents):
+            toks = _rerank_pair(m.model, query, doc)
+            if len(toks) > limit:
+                alone = len(_rerank_pair(m.model, query, ""))
+                param = "query" if alone > limit // 2 else "documents"
+                raise ContextLengthExceeded(f"the query with documents[{i}] is {len(toks)} tokens; model '{m.id}' "
+                                            f"ranks at most {limit} (the query alone takes {alone})", param)
+            out.append(toks)
+        return out
+
+
+_RERANK_SLOTS = re.compile(r"\{query\}|\{document\}")
+
+
+def _rerank_pair(model: LlamaModel, query: str, doc: str) -> list[int]:
+    """One query and document pair's tokens (see Generator._rerank_tokens)."""
+    if model.rerank_template is not None:
+        # one pass, so that a query holding the text "{document}" stays as it is
+        text = _RERANK_SLOTS.sub(lambda s: query if s.group() == "{query}" else doc, model.rerank_template)
+        return model.tokenize(text, add_special=False, parse_special=True)
+    eos = model.eos_id if model.eos_id >= 0 else model.sep_id
+    q = model.tokenize(query, add_special=False, parse_special=False)
+    d = model.tokenize(doc, add_special=False, parse_special=False)
+    return [*([model.bos_id] if model.add_bos else []), *q, *([eos] if model.add_eos else []),
+            *([model.sep_id] if model.add_sep else []), *d, *([eos] if model.add_eos else [])]
 
 
 def _samplers(m: LoadedModel, choices: list[SamplingParams]) -> list:

@@ -5,11 +5,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class _Keep:
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = _Keep()  # a request that says no keep_alive: the model's time-to-live stands
+
+
 @dataclass
 class SamplingParams:
     """How to pick tokens and when to stop."""
 
     max_tokens: int | None = None  # None: the configured default, clamped to the context
+    max_tokens_ceiling: bool = False  # max_tokens is only a ceiling: clamped to the context too, not refused
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -53,6 +62,7 @@ class ChatRequest:
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None  # {"type": "json_object"} | {"type": "json_schema", "schema"}
+    keep_alive: Any = KEEP  # seconds the model stays loaded once idle after this request (None: until unloaded)
 
 
 @dataclass
@@ -63,3 +73,4 @@ class CompletionRequest:
     prompt: str | list[int]
     sampling: SamplingParams
     echo: bool = False
+    keep_alive: Any = KEEP

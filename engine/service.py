@@ -14,6 +14,7 @@ import asyncio
 import bisect
 import logging
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from engine.catalog.service import CatalogService
@@ -23,7 +24,8 @@ from engine.core.worker import Outbox, Worker
 from engine.errors import EngineError, EngineStopped
 from engine.generate import Generator
 from engine.models.manager import ModelManager
-from engine.requests import ChatRequest, CompletionRequest
+from engine.models.tenancy import memory_budget
+from engine.requests import KEEP, ChatRequest, CompletionRequest
 from engine.bench import Bench
 from engine.speech.manager import SpeechManager
 from engine.system import VERSION, hardware_line, percentiles, rss_bytes
@@ -44,6 +46,7 @@ class Service:
         self.speech = SpeechManager(config, self.bench.refuse)
         self.catalog = CatalogService(config, self.roster, self.speech, self.bench.refuse)
         self.generator = Generator(self.roster, self.run, lambda: self.worker, self.bench.refuse)
+        self.roster.discover = self.catalog.available
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
@@ -61,12 +64,14 @@ class Service:
         self.worker = Worker(loop, lambda: [m.runner for m in self.roster.loaded.values()])
         self.worker.start()
         self.catalog.start()
+        self.roster.start()
 
     async def stop(self) -> None:
         """Abort every request, stop the scheduler thread and free the models."""
         if self.worker is None:
             return
         await self.catalog.close()
+        await self.roster.stop()
         models = list(self.roster.loaded.values())
 
         def abort_all() -> None:
@@ -96,7 +101,8 @@ class Service:
 
     @property
     def setup_mode(self) -> bool:
-        return not self.roster.loaded
+        """Nothing to serve: no model loaded and none configured (a default unloaded while idle still serves)."""
+        return not self.roster.loaded and self.roster.default_id is None
 
     @property
     def status(self) -> str:
@@ -118,9 +124,14 @@ class Service:
         """A raw completion with n choices."""
         return await self.generator.complete(req, n)
 
-    async def embed(self, model: str | None, inputs: list[str | list[int]]) -> tuple[str, list, int]:
+    async def embed(self, model: str | None, inputs: list[str | list[int]], keep_alive: Any = KEEP,
+                    ) -> tuple[str, list, int]:
         """(model id, unit-norm vectors, prompt tokens) for every input."""
-        return await self.generator.embed(model, inputs)
+        return await self.generator.embed(model, inputs, keep_alive)
+
+    async def rerank(self, model: str | None, query: str, documents: list[str]) -> tuple[str, list[float], int]:
+        """(model id, each document's relevance score to query, prompt tokens) from a reranker."""
+        return await self.generator.rerank(model, query, documents)
 
     async def run_bench(self, model: str | None = None) -> dict[str, Any]:
         """llama-bench's rows (pp512, tg128, tg128@N) on a served model."""
@@ -129,12 +140,36 @@ class Service:
     # ---- observation ------------------------------------------------------------------------------
 
     def models(self) -> list[dict[str, Any]]:
-        """Every served model, OpenAI /v1/models style plus llamadesk's details."""
+        """Every model this server can serve, OpenAI /v1/models style plus llamadesk's details: the loaded ones
+        ("state": "loaded"), those loading ("loading", with progress), and those a request would load
+        ("unloaded": roster entries, downloaded catalog entries, GGUFs in models_dir), then speech models."""
         r = self.roster
-        out = [{"id": m.id, "object": "model", "created": m.created, "owned_by": "llamadesk",
-                "default": m.id == r.default_id, "kind": "embedding" if m.embedding_only else "llm",
-                "state": m.state, "ctx": m.ctx, "streams": m.settings.streams, **m.describe()}
-               for m in r.loaded.values()]
+        out = []
+        for m in r.loaded.values():
+            t = r.tenancy.get(m.id)
+            out.append({"id": m.id, "object": "model", "created": m.created, "owned_by": "llamadesk",
+                        "default": m.id == r.default_id, "kind": "embedding" if m.embedding_only else "llm",
+                        "state": "loaded", "ctx": m.ctx, "streams": m.settings.streams,
+                        "memory_bytes": t.footprint.total if t else None,
+                        "ttl_s": t.ttl if t else None, "loaded_on_demand": t.on_demand if t else False,
+                        **m.describe()})
+        for name, entry in r.available().items():
+            if name in r.loaded:
+                continue
+            info = {"id": name, "object": "model", "created": int(self.started_wall), "owned_by": "llamadesk",
+                    "default": name == r.default_id, "state": "loading" if name in r.loading else "unloaded",
+                    "path": entry.path}
+            if name in r.progress:
+                info["progress"] = round(r.progress[name], 3)
+            try:
+                info["size"] = Path(entry.path).expanduser().stat().st_size
+                need = r.footprint(Path(entry.path).expanduser(), r.settings_for(entry))
+                info["memory_bytes"], info["kind"] = need.total, "embedding" if need.embedding else "llm"
+            except EngineError as e:
+                info["error"] = e.message
+            except OSError as e:
+                info["error"] = f"cannot read {entry.path}: {e.strerror}"
+            out.append(info)
         return out + self.speech.models(int(self.started_wall))
 
     def stats(self) -> dict[str, Any]:
@@ -157,6 +192,11 @@ class Service:
         w = self.worker
         summed["scheduler"] = {"alive": bool(w and w.is_alive()), "restarts": w.restarts if w else 0,
                                "tick_errors": w.tick_errors if w else 0}
+        summed["lifecycle"] = {**self.roster.counters, "loaded": len(self.roster.loaded),
+                               "recent_loads": [r.as_dict() for r in self.roster.recent_loads],
+                               "loading": sorted(self.roster.loading), "memory_budget_bytes":
+                               memory_budget(self.config.max_memory), "memory_used_bytes":
+                               sum(t.footprint.total for t in self.roster.tenancy.values())}
         return {"setup": self.setup_mode, "status": self.status, "version": VERSION,
                 "bench": {"state": self.bench.state["state"], "current": self.bench.state.get("current")},
                 "uptime_s": round(time.monotonic() - self.started, 1), "hardware": hardware_line(),

@@ -13,7 +13,8 @@ from engine.service import Service
 from server.access import Policy, access_middleware, check_exposure, guard_middleware
 from server.errors import MAX_BODY_KEY, MAX_UPLOAD_KEY, error_middleware
 from server.keys import CONFIG, LIFECYCLE, SERVICE
-from server.routes import audio, catalog, control, docs, ollama, openai, utility
+from server.routes import anthropic, audio, catalog, control, docs, ollama, openai, responses, utility
+from server.routes import rerank
 
 log = logging.getLogger("llamadesk.server")
 
@@ -41,6 +42,9 @@ def build_app(service: Service, config: Config, lifecycle=None) -> web.Applicati
     app.add_routes(audio.routes)
     app.add_routes(utility.routes)
     app.add_routes(ollama.routes)
+    app.add_routes(anthropic.routes)
+    app.add_routes(rerank.routes)
+    responses.install(app)  # the routes, and the response store opened and closed with the app
     app.add_routes(docs.routes)
     return app
 

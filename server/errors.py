@@ -1,5 +1,6 @@
 """The one place that turns errors into HTTP: status codes and OpenAI-shaped bodies
-{"error": {"message", "type", "param", "code"}}, for JSON responses and SSE error events alike."""
+{"error": {"message", "type", "param", "code"}}, for JSON responses and SSE error events alike (on the Ollama
+API's and Anthropic's paths, in their shapes)."""
 from __future__ import annotations
 
 import json
@@ -20,13 +21,17 @@ _MAP: list[tuple[type[E.EngineError], int, str, str | None]] = [
     (E.InvalidRequest, 400, "invalid_request_error", None),
     (E.Forbidden, 403, "permission_error", "forbidden"),
     (E.ModelNotFound, 404, "invalid_request_error", "model_not_found"),
+    (E.NotFound, 404, "invalid_request_error", "not_found"),
     (E.Conflict, 409, "invalid_request_error", "conflict"),
     (E.BenchRunning, 503, "server_error", "benchmark_running"),
     (E.QueueFull, 503, "server_error", "server_overloaded"),
     (E.NoModelLoaded, 503, "server_error", "no_model_loaded"),
+    (E.InsufficientMemory, 503, "server_error", "insufficient_memory"),
     (E.SpeechUnavailable, 503, "server_error", "no_model_loaded"),
     (E.EngineStopped, 503, "server_error", "shutting_down"),
     (E.ModelLoadError, 400, "invalid_request_error", "model_load_failed"),
+    (E.UpstreamUnauthorized, 401, "authentication_error", "upstream_unauthorized"),
+    (E.UpstreamError, 502, "server_error", "upstream_error"),
     (E.EngineError, 500, "server_error", None),
 ]
 
@@ -45,13 +50,31 @@ def classify(exc: E.EngineError) -> tuple[int, dict]:
 
 
 OLLAMA_PREFIX = "/api/"  # the Ollama API's routes answer errors in its own shape: {"error": "message"}
+ANTHROPIC_PATH = "/v1/messages"  # and Anthropic's Messages API (and what is under it) in Anthropic's
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    503: "overloaded_error", 529: "overloaded_error"}
+
+
+def is_anthropic(path: str) -> bool:
+    """Whether path is one of the Anthropic Messages API's."""
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    """Anthropic's error object: {"type": "error", "error": {"type", "message"}}, its type from the status."""
+    type_ = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": type_, "message": message}}
 
 
 def json_error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None, request: web.Request | None = None) -> web.Response:
-    """An error response in the OpenAI shape, or in the Ollama API's for its routes (given the request)."""
+    """An error response in the OpenAI shape, or in the Ollama API's or Anthropic's for their routes (given
+    the request)."""
     if request is not None and request.path.startswith(OLLAMA_PREFIX):
         return web.json_response({"error": message}, status=status)
+    if request is not None and is_anthropic(request.path):
+        return web.json_response(anthropic_error_body(status, message), status=status)
     return web.json_response(error_body(message, type_, param, code), status=status)
 
 
@@ -67,6 +90,12 @@ def sse_error_event(exc: E.EngineError) -> bytes:
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+def anthropic_error_event(exc: E.EngineError) -> bytes:
+    """An engine error as Anthropic's SSE error event (for failures after the stream started)."""
+    status, _ = classify(exc)
+    return b"event: error\ndata: " + json.dumps(anthropic_error_body(status, exc.message)).encode() + b"\n\n"
+
+
 _HTTP_TYPES = {401: ("authentication_error", "invalid_api_key"), 403: ("permission_error", None),
                404: ("invalid_request_error", "not_found"), 405: ("invalid_request_error", "method_not_allowed"),
                413: ("invalid_request_error", "request_too_large")}
@@ -80,9 +109,8 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
     except E.EngineError as e:
         status, body = classify(e)
         log.info("%s %s -> %d: %s", request.method, request.path, status, e.message)
-        if request.path.startswith(OLLAMA_PREFIX):
-            return web.json_response({"error": e.message}, status=status)
-        return web.json_response(body, status=status)
+        err = body["error"]
+        return json_error(status, e.message, err["type"], err["param"], err["code"], request)
     except web.HTTPException as e:
         if e.status < 400:
             raise

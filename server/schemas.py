@@ -18,7 +18,8 @@ from aiohttp import web
 from engine.chat import ROLES, TEMPLATE_VARIABLES
 from server.errors import MAX_BODY_KEY
 from engine.errors import InvalidRequest, UnsupportedMediaType
-from engine.requests import ChatRequest, CompletionRequest, SamplingParams
+from engine.models.tenancy import parse_keep_alive
+from engine.requests import KEEP, ChatRequest, CompletionRequest, SamplingParams
 
 log = logging.getLogger("llamadesk.server")
 _ignored_logged: set[str] = set()
@@ -406,9 +407,11 @@ def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
         kwargs["enable_thinking"] = thinking
     tools = tools_field(f)
     tool_choice = _tool_choice(f)
+    keep = keep_alive(f)
     f.log_ignored()
     return ChatRequest(model, messages, sampling, truncation, kwargs, tools=tools, tool_choice=tool_choice,
-                       parallel_tool_calls=parallel_tool_calls, response_format=response_format), opts
+                       parallel_tool_calls=parallel_tool_calls, response_format=response_format,
+                       keep_alive=keep), opts
 
 
 def completion_request(body: dict[str, Any]) -> tuple[CompletionRequest, StreamOptions]:
@@ -431,12 +434,13 @@ def completion_request(body: dict[str, Any]) -> tuple[CompletionRequest, StreamO
         opts.logprobs = True
         sampling.logprobs = top
     echo = f.get("echo", bool, False)
+    keep = keep_alive(f)
     f.log_ignored()
-    return CompletionRequest(model, prompt, sampling, echo), opts
+    return CompletionRequest(model, prompt, sampling, echo, keep_alive=keep), opts
 
 
-def embedding_request(body: dict[str, Any]) -> tuple[str | None, list[str | list[int]], str]:
-    """(model, inputs, encoding_format) of a /v1/embeddings body."""
+def embedding_request(body: dict[str, Any]) -> tuple[str | None, list[str | list[int]], str, Any]:
+    """(model, inputs, encoding_format, keep_alive) of a /v1/embeddings body."""
     f = Fields(body, "embeddings")
     model = f.get("model", str)
     raw = f.get("input", (str, list))
@@ -457,5 +461,20 @@ def embedding_request(body: dict[str, Any]) -> tuple[str | None, list[str | list
     fmt = f.get("encoding_format", str, "float")
     if fmt not in ("float", "base64"):
         raise InvalidRequest("'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    keep = keep_alive(f)
     f.log_ignored()
-    return model, inputs, fmt
+    return model, inputs, fmt, keep
+
+
+def keep_alive(f: Fields) -> Any:
+    """How long the model stays loaded once idle after this request: Ollama's "keep_alive" (seconds or a
+    duration; 0: unload when done; negative: until unloaded) or LM Studio's "ttl" (seconds); KEEP when absent."""
+    raw = f.get("keep_alive", (int, float, str))
+    ttl = f.get("ttl", int, lo=-1)
+    if raw is not None and ttl is not None:
+        raise InvalidRequest("send 'keep_alive' or 'ttl', not both", "ttl")
+    if raw is not None:
+        return parse_keep_alive(raw)
+    if ttl is not None:
+        return None if ttl < 0 else float(ttl)
+    return KEEP

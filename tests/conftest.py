@@ -15,6 +15,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Servers write their prompt cache to the user cache dir at shutdown and read it back at the next start: the
 # tests' servers (in process and launched) use a folder of this run's own, so no run starts warm from another.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="llamadesk-test-cache-")
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="llamadesk-test-data-")  # stored responses, models
 TEMPLATES = Path(__file__).resolve().parent / "assets" / "templates"
 
 
@@ -136,8 +137,8 @@ class LiveServer:
 
 @pytest.fixture(scope="session")
 def smol_server(assets, tmp_path_factory) -> LiveServer:
-    """SmolLM2-135M (default; also served with a hermes and a thinking chat template written for the tests)
-    and all-MiniLM-L6-v2 in one roster."""
+    """SmolLM2-135M (default; also served with a hermes and a thinking chat template written for the tests),
+    all-MiniLM-L6-v2 and SmolLM2 made a reranker (tests/assets/reranker_gguf.py) in one roster."""
     toml = f"""
 [[models]]
 name = "smollm2"
@@ -148,6 +149,10 @@ ctx = 2048
 [[models]]
 name = "minilm"
 path = "{assets['minilm']}"
+
+[[models]]
+name = "reranker"
+path = "{assets['reranker']}"
 
 [[models]]
 name = "smollm2-hermes"

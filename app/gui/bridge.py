@@ -57,6 +57,9 @@ class Bridge(QObject):
     speech_error = Signal(str, str)  # request id, message
     bench_done = Signal(dict)  # the benchmark record (state done or failed)
     load_progress = Signal(str, float)  # model name, fraction of its weights loaded
+    hub_results = Signal(str, object)  # query, the GGUF repos Hugging Face found for it
+    hub_files = Signal(str, object)  # repo, its GGUF models (quant, size, fit) and vision towers
+    hub_failed = Signal(str)  # why a Hugging Face search, listing or pull did not go through
     reloaded = Signal()
     quitting = Signal()
 
@@ -225,6 +228,20 @@ class Bridge(QObject):
             self.notice.emit(f"loaded {name}")
         return self.spawn(go())
 
+    def load_available(self, name: str) -> asyncio.Task:
+        """Load a model the server lists as available (a roster entry, a download, a GGUF in models_dir)."""
+        async def go() -> None:
+            self.state_changed.emit("loading")
+            try:
+                await self.host.service.roster.acquire(name)
+                self.notice.emit(f"loaded {name}")
+            except EngineError as e:
+                self.notice.emit(f"{name}: {e.message}")
+            finally:
+                self.on_tick()
+                self.models_changed.emit()
+        return self.spawn(go())
+
     def reload_model(self, name: str, settings: dict) -> asyncio.Task:
         """Serve a model again with other per-model settings (ctx, streams, chunk, kv_dtype); saved to the config."""
         async def go() -> None:
@@ -340,6 +357,41 @@ class Bridge(QObject):
             await self.host.service.catalog.serve(name)
             self.models_changed.emit()
             self.notice.emit(f"serving {name}")
+        return self.spawn(go())
+
+    # ---- Hugging Face -------------------------------------------------------------------------
+
+    def search_hub(self, query: str) -> asyncio.Task:
+        """Search Hugging Face for GGUF repos; hub_results follows (hub_failed when it fails)."""
+        async def go() -> None:
+            self.hub_results.emit(query, (await self.host.service.catalog.search(query))["models"])
+        return self._hub(go())
+
+    def hub_repo(self, repo: str) -> asyncio.Task:
+        """A repo's GGUF models and vision towers; hub_files follows."""
+        async def go() -> None:
+            self.hub_files.emit(repo, await self.host.service.catalog.files(repo))
+        return self._hub(go())
+
+    def pull(self, model: str, vision: bool = False) -> asyncio.Task:
+        """Pull repo[:QUANT|/file.gguf] (its progress shows in catalog()'s pulls); the model is served by name."""
+        async def go() -> None:
+            job = await self.host.service.catalog.pull(model, vision)
+            self.notice.emit(f"pulling {model}")
+            await job.wait()
+            if job.error is not None:
+                raise job.error
+            self.models_changed.emit()
+            self.notice.emit(f"pulled {model}: a request for the model '{job.model}' serves it")
+        return self._hub(go())
+
+    def _hub(self, coro) -> asyncio.Task:
+        async def go() -> None:
+            try:
+                await coro
+            except EngineError as e:
+                self.hub_failed.emit(e.message)
+                raise
         return self.spawn(go())
 
     def apply(self, config: Config) -> asyncio.Task:

@@ -5,19 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable
 
 from engine import llama
 from engine.catalog import entries as cat
-from engine.catalog.downloads import Downloader
+from engine.catalog import hub as hf
+from engine.catalog.downloads import Download, Downloader
 from engine.config import Config, ModelEntry
 from engine.errors import Conflict, InvalidRequest, ModelNotFound
 from engine.models.manager import ModelManager
 from engine.speech.manager import SpeechManager
 
 log = logging.getLogger("llamadesk.engine")
+_LATER_SPLIT = re.compile(r"-(?!0+1-)\d{5}-of-\d{5}$")  # model-00002-of-00003: a part, not a model
 
 
 class CatalogService:
@@ -31,9 +34,11 @@ class CatalogService:
         self._not_benching = refuse_while_benching
         self._entries: list[cat.Entry] | None = None
         self.downloader: Downloader | None = None
+        self.pulls: list[hf.Pull] = []  # from Hugging Face, the latest last
 
     def start(self) -> None:
-        self.downloader = Downloader(self.config.models_dir(), mirror=self.config.catalog_mirror)
+        self.downloader = Downloader(self.config.models_dir(), mirror=self.config.catalog_mirror,
+                                     on_change=self._on_download)
 
     async def close(self) -> None:
         if self.downloader:
@@ -65,7 +70,24 @@ class CatalogService:
             d["served"] = e.name in self.roster.loaded
             out.append(d)
         return {"box": box, "models_dir": str(models_dir), "entries": out,
-                "local": cat.unknown_local_ggufs(self.entries(), models_dir)}
+                "local": cat.unknown_local_ggufs(self.entries(), models_dir),
+                "pulls": [p.as_dict() for p in self.pulls]}
+
+    def available(self) -> list[ModelEntry]:
+        """The language and embedding models on disk that a request may load by name: downloaded catalog
+        entries (by entry name) and the other GGUFs in models_dir (by file stem; vision towers and the later
+        parts of a split GGUF are not models of their own)."""
+        models_dir = self.config.models_dir()
+        out = []
+        for e in self.entries():
+            if e.kind in ("llm", "embedding"):
+                state = cat.local_state(e, models_dir)
+                if state["state"] in ("verified", "present"):
+                    out.append(ModelEntry(name=e.name, path=state["path"]))
+        for f in cat.unknown_local_ggufs(self.entries(), models_dir):
+            if not f["name"].lower().startswith("mmproj") and not _LATER_SPLIT.search(f["name"]):
+                out.append(ModelEntry(name=f["name"], path=f["path"]))
+        return out
 
     def download(self, name: str, tower: str | None = None) -> dict[str, Any]:
         """Queue the entry (or, with tower, that tower of the entry) for download."""
@@ -133,3 +155,37 @@ class CatalogService:
         await asyncio.to_thread(shutil.copyfile, src, tmp)
         os.replace(tmp, dest)
         return {"name": dest.stem, "path": str(dest), "size": dest.stat().st_size}
+
+    # ---- Hugging Face ---------------------------------------------------------------------------
+
+    def _puller(self) -> hf.Puller:
+        # the hub is read afresh each time: HF_ENDPOINT, HF_TOKEN and hf_token may change while serving
+        c = self.config
+        return hf.Puller(hf.Hub(token=hf.token_from(c.hf_token)), self.downloader, c.models_dir(), c.ctx, c.streams,
+                         c.kv_dtype)
+
+    async def search(self, query: str, limit: int = 20) -> dict[str, Any]:
+        """GGUF repos on the hub matching query, most downloaded first."""
+        puller = self._puller()
+        return {"query": query, "endpoint": puller.hub.endpoint, "models": await puller.hub.search(query, limit)}
+
+    async def files(self, repo: str) -> dict[str, Any]:
+        """A hub repo's GGUF models (quant, size, memory needed, fit, the default pick) and vision towers."""
+        spec = hf.parse_spec(repo, "repo")
+        if spec.quant or spec.file:
+            raise InvalidRequest(f"'repo' must be owner/name, got {repo!r}", "repo")
+        return await self._puller().describe(spec.repo)
+
+    async def pull(self, model: str, vision: bool = False) -> hf.Pull:
+        """Start pulling `repo[:QUANT|/file.gguf]` from the hub into models_dir (verified against the hub's
+        sha256; served by name once done); its progress is pull.events() and GET /catalog's `pulls`."""
+        self._not_benching("start a download")
+        pull = await self._puller().start(hf.parse_spec(model), vision)
+        pull.model = hf.served_name(pull.path, self.config.models, self.entries())
+        self.pulls = [p for p in self.pulls if p.path != pull.path][-15:] + [pull]  # the last 16, one per file
+        return pull
+
+    def _on_download(self, d: Download) -> None:
+        for p in self.pulls:
+            if p.status == "downloading":
+                p.on_change(d)

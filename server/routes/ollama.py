@@ -11,7 +11,8 @@ from typing import Any
 from aiohttp import web
 
 from engine.errors import EngineError, InvalidRequest
-from engine.requests import ChatRequest, CompletionRequest, SamplingParams
+from engine.models.tenancy import parse_keep_alive
+from engine.requests import KEEP, ChatRequest, CompletionRequest, SamplingParams
 from engine.system import VERSION
 from engine.tools import ReplyReader, assemble
 from server import schemas
@@ -155,23 +156,39 @@ def _details(m: dict) -> dict:
 
 
 def _llms(request: web.Request) -> list[dict]:
-    return [m for m in request.app[SERVICE].models() if m["kind"] in ("llm", "embedding")]
+    return [m for m in request.app[SERVICE].models() if m.get("kind") in ("llm", "embedding")]
+
+
+def _keep_alive(f: Fields):
+    """The request's keep_alive (Ollama: seconds or a duration; 0 unloads when done, negative keeps)."""
+    raw = f.get("keep_alive", (int, float, str))
+    return KEEP if raw is None else parse_keep_alive(raw)
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 @routes.get("/api/tags")
 async def tags(request: web.Request) -> web.Response:
-    """The served models, as `ollama list` shows them."""
-    out = [{"name": m["id"], "model": m["id"], "modified_at": datetime.fromtimestamp(m["created"], timezone.utc)
-            .isoformat().replace("+00:00", "Z"), "size": m.get("file_size", 0), "digest": "", "details": _details(m)}
+    """The models this server can serve, loaded or not, as `ollama list` shows them."""
+    out = [{"name": m["id"], "model": m["id"], "modified_at": _iso(m["created"]),
+            "size": m.get("file_size", m.get("size", 0)), "digest": "", "details": _details(m)}
            for m in _llms(request)]
     return web.json_response({"models": out})
 
 
 @routes.get("/api/ps")
 async def ps(request: web.Request) -> web.Response:
-    """The loaded models (all served models are loaded until model lifecycle lands)."""
-    out = [{"name": m["id"], "model": m["id"], "size": m.get("file_size", 0), "size_vram": 0, "digest": "",
-            "expires_at": "0001-01-01T00:00:00Z", "details": _details(m)} for m in _llms(request)]
+    """The loaded models, with when each unloads if it stays idle ("expires_at")."""
+    out = []
+    for m in _llms(request):
+        if m["state"] != "loaded":
+            continue
+        ttl = m.get("ttl_s")
+        expires = _iso(time.time() + ttl) if ttl is not None else "2318-01-01T00:00:00Z"  # Ollama's "forever"
+        out.append({"name": m["id"], "model": m["id"], "size": m.get("memory_bytes") or m.get("file_size", 0),
+                    "size_vram": 0, "digest": "", "expires_at": expires, "details": _details(m)})
     return web.json_response({"models": out})
 
 
@@ -202,11 +219,13 @@ async def chat(request: web.Request) -> web.StreamResponse:
     stream = f.get("stream", bool, True)
     think = f.get("think", bool)
     kwargs = {"enable_thinking": think} if think is not None else {}
+    keep = _keep_alive(f)
     req = ChatRequest(model, _messages(raw), _sampling(f), template_kwargs=kwargs, tools=schemas.tools_field(f),
-                      response_format=_format(f))
+                      response_format=_format(f), keep_alive=keep)
     f.log_ignored()
-    if not req.messages:
-        raise InvalidRequest("'messages' must not be empty", "messages")
+    if not req.messages:  # Ollama's way to load a model (or, with keep_alive 0, to unload it)
+        return await _load_or_unload(request.app[SERVICE], model, keep, {"message": {"role": "assistant",
+                                                                                   "content": ""}})
     t0 = time.monotonic()
     gen, = await request.app[SERVICE].chat(req)
     reader = ReplyReader(gen.reading, streaming=False)  # calls come whole, as Ollama sends them
@@ -253,19 +272,18 @@ async def generate(request: web.Request) -> web.StreamResponse:
     sampling = _sampling(f)
     fmt = _format(f)
     f.log_ignored()
+    keep = _keep_alive(f)
     svc = request.app[SERVICE]
-    if not prompt:  # Ollama's way to load a model: answer done at once
-        svc.roster.get(model)
-        return web.json_response({"model": model, "created_at": _now(), "response": "", "done": True,
-                                  "done_reason": "load"})
+    if not prompt:  # Ollama's way to load a model (or, with keep_alive 0, to unload it): done at once
+        return await _load_or_unload(svc, model, keep, {"response": ""})
     t0 = time.monotonic()
     if raw:
         if fmt is not None:
             raise InvalidRequest("'format' needs the chat template: not with \"raw\": true", "format")
-        gen, = await svc.complete(CompletionRequest(model, prompt, sampling))
+        gen, = await svc.complete(CompletionRequest(model, prompt, sampling, keep_alive=keep))
     else:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        gen, = await svc.chat(ChatRequest(model, messages, sampling, response_format=fmt))
+        gen, = await svc.chat(ChatRequest(model, messages, sampling, response_format=fmt, keep_alive=keep))
 
     async def parts():
         async for text in gen.chunks():
@@ -276,6 +294,17 @@ async def generate(request: web.Request) -> web.StreamResponse:
     return await _reply(request, gen, t0, stream, parts(), whole, {"response": ""})
 
 
+async def _load_or_unload(svc, model: str, keep, empty: dict) -> web.Response:
+    """An empty chat or generate: load the model (JIT) and keep it as keep_alive says, or unload it for 0."""
+    if keep == 0:
+        unloaded = await svc.roster.release(model)
+        return web.json_response({"model": model, "created_at": _now(), **empty, "done": True,
+                                  "done_reason": "unload" if unloaded else "stop"})
+    async with svc.roster.lease(model, keep):
+        pass
+    return web.json_response({"model": model, "created_at": _now(), **empty, "done": True, "done_reason": "load"})
+
+
 @routes.post("/api/embed")
 async def embed(request: web.Request) -> web.Response:
     """{model, input: text or texts} -> {model, embeddings: [[...]], prompt_eval_count}."""
@@ -284,9 +313,23 @@ async def embed(request: web.Request) -> web.Response:
     raw = f.get("input", (str, list))
     if raw is None or raw == [] or (isinstance(raw, list) and not all(isinstance(x, str) for x in raw)):
         raise InvalidRequest("'input' must be a string or an array of strings", "input")
+    keep = _keep_alive(f)
     f.log_ignored()
     t0 = time.monotonic()
-    model_id, vectors, n_tokens = await request.app[SERVICE].embed(model, [raw] if isinstance(raw, str) else raw)
+    model_id, vectors, n_tokens = await request.app[SERVICE].embed(model, [raw] if isinstance(raw, str) else raw,
+                                                                   keep)
     return web.json_response({"model": model_id, "embeddings": [[float(x) for x in v] for v in vectors],
                               "total_duration": int((time.monotonic() - t0) * 1e9), "load_duration": 0,
                               "prompt_eval_count": n_tokens})
+
+
+@routes.post("/api/embeddings")
+async def embeddings(request: web.Request) -> web.Response:
+    """The legacy embeddings route: {model, prompt} -> {embedding: [...]}."""
+    f = Fields(await read_json(request), "ollama.embeddings")
+    model = f.require("model", str, "the embedding model")
+    prompt = f.require("prompt", str, "the text to embed")
+    keep = _keep_alive(f)
+    f.log_ignored()
+    _, vectors, _ = await request.app[SERVICE].embed(model, [prompt], keep)
+    return web.json_response({"embedding": [float(x) for x in vectors[0]]})

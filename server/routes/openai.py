@@ -279,8 +279,8 @@ async def _completion_stream(request: web.Request, gens: list[Generation], opts:
 
 @routes.post("/v1/embeddings")
 async def embeddings(request: web.Request) -> web.Response:
-    model, inputs, fmt = schemas.embedding_request(await schemas.read_json(request))
-    model_id, vectors, n_tokens = await request.app[SERVICE].embed(model, inputs)
+    model, inputs, fmt, keep = schemas.embedding_request(await schemas.read_json(request))
+    model_id, vectors, n_tokens = await request.app[SERVICE].embed(model, inputs, keep)
     data = []
     for i, v in enumerate(vectors):
         emb = base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() if fmt == "base64" else \

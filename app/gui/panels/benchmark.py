@@ -58,7 +58,7 @@ class BenchmarkPanel(QWidget):
     def refresh(self) -> None:
         self.model.clear()
         for m in self.bridge.models():
-            if m["kind"] == "llm":
+            if m.get("kind") == "llm" and m["state"] == "loaded":
                 self.model.addItem(m["id"])
 
     def run(self) -> None:

@@ -204,8 +204,9 @@ class ChatPanel(QWidget):
         current = self.model.currentData()
         self.model.clear()
         for m in self.bridge.models():
-            if m["kind"] == "llm":  # speech and embedding models do not chat
-                self.model.addItem(m["id"] + (" (default)" if m["default"] else ""), m["id"])
+            if m.get("kind") == "llm":  # speech and embedding models do not chat; an unloaded one loads on send
+                note = " (default)" if m["default"] else (" (not loaded)" if m["state"] != "loaded" else "")
+                self.model.addItem(m["id"] + note, m["id"])
         idx = self.model.findData(current)
         if idx >= 0:
             self.model.setCurrentIndex(idx)

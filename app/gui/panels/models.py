@@ -1,4 +1,5 @@
-"""Models: the served slots as cards; open another GGUF; unload; make default; per-model settings."""
+"""Models: the served slots as cards, and the models a request would load as lines with Load; open another
+GGUF; unload; make default; per-model settings."""
 from __future__ import annotations
 
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QFrame, QGridLayout, QHBoxLayout, QLabel,
@@ -99,6 +100,27 @@ def _speech_card(model: dict) -> QFrame:
     return card
 
 
+class AvailableCard(QFrame):
+    """A model the server can load but has not (unloaded while idle, on disk, in the roster): one line and Load."""
+
+    def __init__(self, model: dict, bridge):
+        super().__init__()
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.name = model["id"]
+        row = QHBoxLayout(self)
+        facts = [model["state"]] + ([_size(model["size"])] if model.get("size") else []) + \
+            ([f"needs about {_size(model['memory_bytes'])}"] if model.get("memory_bytes") else [])
+        label = QLabel(f"<b>{model['id']}</b>" + ("  <i>(default)</i>" if model["default"] else "") +
+                       f" · {' · '.join(facts)}" + (f"<br>{model['error']}" if model.get("error") else ""))
+        label.setWordWrap(True)
+        label.setToolTip(model.get("path", ""))
+        self.load = QPushButton("Loading…" if model["state"] == "loading" else "Load")
+        self.load.setEnabled(model["state"] == "unloaded" and not model.get("error"))
+        self.load.clicked.connect(lambda: bridge.load_available(self.name))
+        row.addWidget(label, 1)
+        row.addWidget(self.load)
+
+
 class ModelsPanel(QWidget):
     """The roster as cards."""
 
@@ -146,8 +168,10 @@ class ModelsPanel(QWidget):
         if not models:
             self.cards.addWidget(QLabel("No model is served yet: open a GGUF, or download one in the Catalog."))
         for m in models:
-            if m["kind"] in ("asr", "tts"):
+            if m.get("kind") in ("asr", "tts"):
                 self.cards.addWidget(_speech_card(m))
+            elif m["state"] in ("unloaded", "loading"):
+                self.cards.addWidget(AvailableCard(m, self.bridge))
             else:
                 self.cards.addWidget(ModelCard(m, self._stats.get(m["id"]), self.bridge))
 
