@@ -9,7 +9,9 @@ from engine.config import KV_DTYPES
 
 
 def _size(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{max(1, round(n / 2**10))} KiB"
 
 
 class ModelCard(QFrame):
@@ -130,7 +132,7 @@ class ModelsPanel(QWidget):
         self.open_button = QPushButton("Open GGUF…")
         self.open_button.clicked.connect(self.ask_open)
         top = QHBoxLayout()
-        top.addWidget(QLabel("Served models"))
+        top.addWidget(QLabel("Models: loaded, and on disk to load"))
         top.addStretch(1)
         top.addWidget(self.open_button)
         self.cards = QVBoxLayout()
