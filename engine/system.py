@@ -44,11 +44,16 @@ def hardware_line() -> str:
                 cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
         except OSError:
             pass
-        mem = ""
-        try:
-            mem = f", {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM"
-        except (ValueError, OSError, AttributeError):
-            pass
+        ram = total_ram_bytes()
+        mem = f", {ram / 2**30:.0f} GiB RAM" if ram else ""
         feats = [p.split("=")[0].strip() for p in llama.system_info().split("|") if p.strip().endswith("= 1")]
         _hardware = f"{cpu}, {os.cpu_count()} cores{mem}; llama.cpp: {' '.join(feats)}"
     return _hardware
+
+
+def total_ram_bytes() -> int:
+    """This machine's physical memory in bytes (0 where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import TOOL_FORMATS
+from engine.system import total_ram_bytes
 
 KINDS = ("llm", "embedding", "asr", "tts", "vad", "mmproj")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -128,8 +129,7 @@ def box_facts() -> dict[str, Any]:
     """This machine's memory (and GPU memory where detectable), for fit badges."""
     global _box
     if _box is None:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
-        _box = {"ram_bytes": ram, "vram_bytes": _vram_bytes(), "cpu_count": os.cpu_count()}
+        _box = {"ram_bytes": total_ram_bytes(), "vram_bytes": _vram_bytes(), "cpu_count": os.cpu_count()}
     return {**_box, "ram_available_bytes": _available_ram()}
 
 

@@ -7,7 +7,6 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -17,6 +16,7 @@ import platformdirs
 from engine import llama
 from engine.config import APP_NAME, OPTIONS, Config, ConfigError, ModelEntry
 from engine.core.worker import Outbox, deliver
+from engine.system import total_ram_bytes
 from engine.errors import (Conflict, EngineError, InsufficientMemory, InvalidRequest, ModelLoadError, ModelNotFound,
                            NoModelLoaded)
 from engine.models.gguf import Footprint, NotGGUF, footprint
@@ -33,11 +33,7 @@ def cache_ram_bytes(mib: int) -> int:
     """The host-RAM prompt cache budget: mib MiB, or for -1 an eighth of this machine's RAM (8 GiB at most)."""
     if mib >= 0:
         return mib << 20
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        ram = 8 << 30
-    return min(ram // 8, 8 << 30)
+    return min((total_ram_bytes() or 64 << 30) // 8, 8 << 30)
 
 
 def _either(own, default):

@@ -7,12 +7,12 @@ and which models have outstayed their time-to-live.
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequest
+from engine.system import total_ram_bytes
 from engine.models.gguf import Footprint
 
 FOREVER = None  # a ttl that never runs out
@@ -85,11 +85,7 @@ def memory_budget(max_memory_mib: int) -> int:
     """Bytes models may take together: max_memory MiB, or for -1 three quarters of this machine's RAM."""
     if max_memory_mib >= 0:
         return max_memory_mib << 20
-    try:
-        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        ram = 16 << 30
-    return ram * 3 // 4
+    return (total_ram_bytes() or 16 << 30) * 3 // 4
 
 
 def victims(tenants: list[Tenancy], busy: set[str], need: int, budget: int, reserved: int,
