@@ -150,6 +150,18 @@ class Bridge(QObject):
         svc = self.host.service
         return svc.catalog.listing() if svc is not None else None
 
+    def import_gguf(self, path: str) -> asyncio.Task:
+        """Copy a GGUF into models_dir (checked first); it is then listed, and served by name on demand."""
+        async def go() -> None:
+            try:
+                out = await self.host.service.catalog.import_gguf(path)
+                self.notice.emit(f"imported {out['name']}: served as '{out['name']}' on demand")
+            except EngineError as e:
+                self.notice.emit(e.message)
+            self.models_changed.emit()
+            self.reloaded.emit()
+        return self.spawn(go())
+
     def models_dir(self) -> str | None:
         svc = self.host.service
         return str(svc.config.models_dir()) if svc is not None else None

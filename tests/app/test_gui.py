@@ -349,6 +349,28 @@ def test_catalog_panel_lists_filters_and_badges(gui):
     panel.filter.setText("")
 
 
+def test_catalog_panel_imports_a_gguf_that_is_then_served_on_demand(gui, assets, tmp_path):
+    panel = gui.window.panels["Catalog"]
+    gui.window.show_panel("Catalog")
+    panel.refresh()
+    assert "No other GGUFs" in panel.local.text()
+    src = tmp_path / "my-own-model.gguf"
+    src.write_bytes(assets["tiny"].read_bytes())
+
+    async def scenario():
+        changed = next_signal(gui.bridge.models_changed)
+        gui.bridge.import_gguf(str(src))
+        await changed
+        await asyncio.sleep(0.05)
+    gui.run_loop(scenario())
+    assert "my-own-model" in panel.local.text()
+    models = gui.window.panels["Models"]
+    listed = {m["id"]: m["state"] for m in gui.bridge.models()}
+    assert listed["my-own-model"] == "unloaded"
+    assert any(getattr(models.cards.itemAt(i).widget(), "name", None) == "my-own-model"
+               for i in range(models.cards.count()))  # a line with Load
+
+
 def test_benchmark_panel_runs_and_keeps_history(gui):
     import pyqtgraph as pg
     panel = gui.window.panels["Benchmark"]

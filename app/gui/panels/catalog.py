@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QHeaderView, QLabel, QLineEdit,
                                QProgressBar, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from engine.catalog.entries import KINDS
@@ -31,6 +31,7 @@ class CatalogPanel(QWidget):
         self.kind = QComboBox()
         self.kind.addItems(["all kinds", *KINDS])
         self.box = QLabel()
+        self.box.setWordWrap(True)  # a long models path must not widen the window past its size
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
@@ -42,6 +43,12 @@ class CatalogPanel(QWidget):
         self.cancel_button = QPushButton("Cancel")
         self.serve_button = QPushButton("Serve this model")
         self.folder_button = QPushButton("Show in folder")
+        self.import_button = QPushButton("Import GGUF…")
+        self.import_button.setToolTip("copy a GGUF from this machine into the models folder: it is then served "
+                                      "by its file name, loaded by the first request that names it")
+        self.import_button.clicked.connect(self.ask_import)
+        self.local = QLabel()
+        self.local.setWordWrap(True)
         self.download_button.clicked.connect(lambda: self._act("download"))
         self.cancel_button.clicked.connect(lambda: self._act("cancel"))
         self.serve_button.clicked.connect(lambda: self._act("serve"))
@@ -55,10 +62,14 @@ class CatalogPanel(QWidget):
         actions.addWidget(self.box, 1)
         for b in (self.download_button, self.cancel_button, self.serve_button, self.folder_button):
             actions.addWidget(b)
+        local_row = QHBoxLayout()
+        local_row.addWidget(self.local, 1)
+        local_row.addWidget(self.import_button)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.table, 1)
         layout.addLayout(actions)
+        layout.addLayout(local_row)
         layout.addWidget(self._hub_box(), 1)
         bridge.stats_updated.connect(self.on_stats_updated)
         bridge.reloaded.connect(self.refresh)
@@ -179,6 +190,9 @@ class CatalogPanel(QWidget):
             return
         self.entries = doc["entries"]
         self.show_pulls(doc.get("pulls", []))
+        local = [f["name"] for f in doc.get("local", [])]
+        self.local.setText(f"Other GGUFs in the models folder ({len(local)}), served by name on demand: "
+                           + ", ".join(local) if local else "No other GGUFs in the models folder.")
         b = doc["box"]
         self.box.setText(f"this box: {b['ram_bytes'] / 2**30:.0f} GiB RAM"
                          + (f", {b['vram_bytes'] / 2**30:.0f} GiB VRAM" if b.get("vram_bytes") else "")
@@ -235,6 +249,12 @@ class CatalogPanel(QWidget):
         else:
             self.bridge.serve(name)
         self.refresh()
+
+    def ask_import(self) -> None:
+        dlg = QFileDialog(self, "Import a GGUF into the models folder", "", "GGUF models (*.gguf)")
+        dlg.setFileMode(QFileDialog.FileMode.ExistingFile)
+        dlg.fileSelected.connect(self.bridge.import_gguf)
+        dlg.open()
 
     def show_folder(self) -> None:
         folder = self.bridge.models_dir()
