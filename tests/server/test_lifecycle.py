@@ -257,3 +257,18 @@ def test_what_the_user_set_up_is_served_the_same_after_a_restart(assets, tmp_pat
         assert models["opened"]["default"] and models["base"]["state"] == "unloaded"
     finally:
         again.stop()
+
+
+def test_max_loaded_and_idle_ttl_apply_to_models_loaded_on_demand(assets, tmp_path):
+    srv = LiveServer(["--streams", "2", "--ctx", "512", "--max-loaded", "1", "--idle-ttl", "1"],
+                     _roster(assets, "first|default = true", "second|preload = false"), tmp_path)
+    try:
+        time.sleep(1.5)
+        assert _states(srv)["first"] == "loaded"  # loaded at start: --idle-ttl is for on-demand loads only
+        assert _chat(srv, "second")["model"] == "second"
+        assert _states(srv)["first"] == "unloaded"  # one model at a time
+        assert _wait_for(lambda: _states(srv)["second"] == "unloaded", 6)  # idle past --idle-ttl
+        life = _lifecycle(srv)
+        assert life["evictions"] == 1 and life["idle_unloads"] == 1 and life["loaded"] == 0
+    finally:
+        srv.stop()
