@@ -98,9 +98,10 @@ def footprint(path: Path, ctx: int, streams: int, kv_dtype: str, chunk: int) -> 
     k_dim = hp("attention.key_length", n_embd // n_head)
     v_dim = hp("attention.value_length", n_embd // n_head)
     n_ctx = min(ctx, hp("context_length", ctx) or ctx) * streams if ctx else hp("context_length", 4096) * streams
-    kv = int(n_layer * n_ctx * n_head_kv * (k_dim + v_dim) * _KV_BYTES.get(kv_dtype, 2.0))
+    embedding = f"{arch}.pooling_type" in meta or meta.get(f"{arch}.attention.causal") is False
+    # an embedding model is served by batch contexts without a KV cache to keep
+    kv = 0 if embedding else int(n_layer * n_ctx * n_head_kv * (k_dim + v_dim) * _KV_BYTES.get(kv_dtype, 2.0))
     n_vocab = int(meta.get("tokenizer.ggml.tokens.length", 32000))
     # llama.cpp's CPU compute buffer: a batch of activations and one row of logits per output
     compute = 4 * chunk * (n_vocab + 8 * n_embd) + (64 << 20)
-    embedding = f"{arch}.pooling_type" in meta or meta.get(f"{arch}.attention.causal") is False
     return Footprint(path.stat().st_size, kv, compute, embedding)

@@ -57,7 +57,8 @@ def test_the_footprint_comes_from_the_header(assets):
     # 30 layers x 8192 cells x 3 KV heads x (64 + 64) dims x 2 bytes
     assert fp.kv == 30 * 8192 * 3 * 128 * 2 and fp.weights == assets["smollm2"].stat().st_size
     assert footprint(assets["smollm2"], 2048, 4, "q8_0", 512).kv < fp.kv
-    assert footprint(assets["minilm"], 512, 1, "f16", 512).embedding and not fp.embedding
+    minilm = footprint(assets["minilm"], 512, 1, "f16", 512)
+    assert minilm.embedding and minilm.kv == 0 and not fp.embedding
 
 
 def test_a_truncated_header_is_refused(assets, tmp_path):

@@ -83,8 +83,9 @@ def test_concurrent_requests_for_an_unloaded_model_share_one_load(two_fit_one):
 
 
 def test_a_model_streams_on_while_another_loads(assets, tmp_path):
-    toml = _roster(assets, "c|default = true") + f'[[models]]\nname = "big"\npath = "{assets["smollm2"]}"\n' \
-        'preload = false\n'
+    toml = _roster(assets, "c|default = true\nctx = 8192") + \
+        f'[[models]]\nname = "big"\npath = "{assets["smollm2"]}"\n' \
+        'preload = false\nctx = 8192\nstreams = 8\n'  # a 1.5 GB KV cache to allocate: a load long enough to watch
     srv = LiveServer(["--streams", "2", "--ctx", "512"], toml, tmp_path)
     try:
         async def scenario():
@@ -93,7 +94,7 @@ def test_a_model_streams_on_while_another_loads(assets, tmp_path):
 
             async def stream_c():
                 s = await client.chat.completions.create(
-                    model="c", messages=[{"role": "user", "content": "go"}], max_tokens=400, stream=True,
+                    model="c", messages=[{"role": "user", "content": "go"}], max_tokens=8000, stream=True,
                     extra_body={"ignore_eos": True})
                 async for _ in s:
                     arrivals.append(time.monotonic())
@@ -105,8 +106,11 @@ def test_a_model_streams_on_while_another_loads(assets, tmp_path):
             out = await client.chat.completions.create(model="big", messages=[{"role": "user", "content": "hi"}],
                                                        max_tokens=1)
             t1 = time.monotonic()
-            await task
+            still_streaming = not task.done()
+            task.cancel()  # c's long reply is not needed past the load
+            await asyncio.gather(task, return_exceptions=True)
             await client.close()
+            assert still_streaming, "c finished before big loaded: the test saw nothing"
             return arrivals, t0, t1, out
         arrivals, t0, t1, out = asyncio.run(scenario())
         assert out.model == "big"
