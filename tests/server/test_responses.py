@@ -220,7 +220,8 @@ def test_a_streamed_call_builds_the_buffered_one(client, smol_server):
     assert final.name == buffered.name and final.call_id == added.item.call_id
     with client.responses.stream(**body) as stream:
         helper = stream.get_final_response().output[0]
-    assert helper.arguments == final.arguments and helper.type == "function_call"
+    # another generation: greedy text may differ in whitespace with what the KV cache held (batch rounding)
+    assert json.loads(helper.arguments) == json.loads(final.arguments) and helper.type == "function_call"
     cut = sse(smol_server, {**body, "max_output_tokens": 6})  # the call cut by max_output_tokens is no whole call
     assert cut[-1]["type"] == "response.incomplete"
     assert [i["status"] for i in cut[-1]["response"]["output"]] == ["incomplete"]
