@@ -82,24 +82,29 @@ class FileServer:
         if rng:
             resp.headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         await resp.prepare(request)
-        sent = start
-        step = 64 * 1024
-        while sent < len(data):
-            end = min(sent + step, len(data))
-            if f.cut_at is not None and sent < f.cut_at <= end:
-                await resp.write(data[sent:f.cut_at])
-                f.cut_at = None
-                request.transport.close()  # drop the connection mid-body
-                return resp
-            await resp.write(data[sent:end])
-            sent = end
-            if f.throttle_bps:
-                await asyncio.sleep(step / f.throttle_bps)
-        await resp.write_eof()
-        return resp
+        return await write_body(request, resp, data, start, f)
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()
+
+
+async def write_body(request: web.Request, resp: web.StreamResponse, data: bytes, start: int,
+                     f: Faults) -> web.StreamResponse:
+    """Send data[start:] on a prepared response in 64 KiB steps, with f's cut and throttle."""
+    sent, step = start, 64 * 1024
+    while sent < len(data):
+        end = min(sent + step, len(data))
+        if f.cut_at is not None and sent < f.cut_at <= end:
+            await resp.write(data[sent:f.cut_at])
+            f.cut_at = None
+            request.transport.close()  # drop the connection mid-body
+            return resp
+        await resp.write(data[sent:end])
+        sent = end
+        if f.throttle_bps:
+            await asyncio.sleep(step / f.throttle_bps)
+    await resp.write_eof()
+    return resp

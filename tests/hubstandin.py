@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tests.fileserver import Faults
+from tests.fileserver import Faults, write_body
 
 
 @dataclass
@@ -182,20 +182,7 @@ async def send(request: web.Request, data: bytes, f: Faults) -> web.StreamRespon
         await resp.prepare(request)
         return resp
     await resp.prepare(request)
-    sent, step = start, 64 * 1024
-    while sent < len(data):
-        end = min(sent + step, len(data))
-        if f.cut_at is not None and sent < f.cut_at <= end:
-            await resp.write(data[sent:f.cut_at])
-            f.cut_at = None
-            request.transport.close()  # drop the connection mid-body
-            return resp
-        await resp.write(data[sent:end])
-        sent = end
-        if f.throttle_bps:
-            await asyncio.sleep(step / f.throttle_bps)
-    await resp.write_eof()
-    return resp
+    return await write_body(request, resp, data, start, f)
 
 
 def split_gguf(src: Path, dest: Path) -> list[Path]:

@@ -242,26 +242,20 @@ class Bridge(QObject):
 
     def load_available(self, name: str) -> asyncio.Task:
         """Load a model the server lists as available (a roster entry, a download, a GGUF in models_dir)."""
-        async def go() -> None:
-            self.state_changed.emit("loading")
-            try:
-                await self.host.service.roster.acquire(name)
-                self.notice.emit(f"loaded {name}")
-            except EngineError as e:
-                self.notice.emit(f"{name}: {e.message}")
-            finally:
-                self.on_tick()
-                self.models_changed.emit()
-        return self.spawn(go())
+        return self._loading(name, f"loaded {name}", self.host.service.roster.acquire(name))
 
     def reload_model(self, name: str, settings: dict) -> asyncio.Task:
         """Serve a model again with other per-model settings (ctx, streams, chunk, kv_dtype); saved to the config."""
+        return self._loading(name, f"reloaded {name}", self.host.service.roster.reload(
+            name, progress=lambda f: self.load_progress.emit(name, f), **settings))
+
+    def _loading(self, name: str, done: str, work) -> asyncio.Task:
+        """Run a load (the awaitable work) with the status bar saying so; its outcome as a notice."""
         async def go() -> None:
             self.state_changed.emit("loading")
             try:
-                await self.host.service.roster.reload(name, progress=lambda f: self.load_progress.emit(name, f),
-                                                      **settings)
-                self.notice.emit(f"reloaded {name}")
+                await work
+                self.notice.emit(done)
             except EngineError as e:
                 self.notice.emit(f"{name}: {e.message}")
             finally:
