@@ -1,0 +1,249 @@
+"""Which ggml backends this process loads: the CPU variant that is safe on this machine, plus any GPU/RPC backend the
+build carries.
+
+A wheel built with GGML_BACKEND_DL and GGML_CPU_ALL_VARIANTS (the bundles') ships one `libggml-cpu-<variant>`
+per CPU class next to libllama; each scores itself against the CPU it runs on (its `ggml_backend_score`), and
+llama.cpp would load the best scoring one. Some machines advertise instructions that fault: this box's VM reports
+AMX, and ggml's AMX kernel dies with SIGILL on the first quantized matmul. So before the first model loads, a child
+process loads the best variant and decodes with that model; if the child dies, that variant is excluded and the
+next one tried. The verdicts are remembered per CPU (a hash of its identity and flags) in the cache dir, so the probe
+runs once per machine and variant. A native build (no variant files) loads as llama.cpp always did.
+
+Run as `python -m engine.backends probe VARIANT MODEL` (or `llamadesk probe-cpu …` in a bundle) it is that child.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import platform
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger("llamadesk.engine")
+PROBE_TIMEOUT_S = 120.0
+_SUFFIX = {"win32": ".dll", "darwin": ".so"}.get(sys.platform, ".so")  # ggml names its modules .so on macOS too
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # "haswell", "sapphirerapids", …
+    path: Path
+    score: int  # the variant's own ggml_backend_score on this CPU; 0 = cannot run here
+
+
+@dataclass
+class Choice:
+    """What was loaded, and what was passed over and why (for the log, /v1/stats and the benchmark)."""
+    variant: Variant | None  # None: a build without CPU variants (llama.cpp loads its one CPU backend)
+    excluded: list[tuple[str, str]] = field(default_factory=list)
+    others: list[str] = field(default_factory=list)  # GPU/RPC backend modules loaded beside it
+
+    def describe(self) -> str:
+        if self.variant is None:
+            return "built-in CPU backend"
+        text = f"CPU variant {self.variant.name}"
+        if self.excluded:
+            text += " (excluded: " + ", ".join(f"{n}: {why}" for n, why in self.excluded) + ")"
+        return text
+
+
+def library_dir() -> Path:
+    """Where llama-cpp-python keeps libllama and the ggml modules."""
+    import llama_cpp
+    return Path(llama_cpp.__file__).parent / "lib"
+
+
+def cpu_variants(libdir: Path) -> list[Variant]:
+    """The CPU variants in libdir that can run on this CPU, best first (an empty list for a native build)."""
+    found = []
+    for path in sorted(libdir.glob(f"*ggml-cpu-*{_SUFFIX}")):
+        name = path.name.split("ggml-cpu-", 1)[1].removesuffix(_SUFFIX)
+        score = _score(path)
+        if score > 0:
+            found.append(Variant(name, path, score))
+    return sorted(found, key=lambda v: -v.score)
+
+
+def _score(path: Path) -> int:
+    """The variant's own verdict on this CPU (it only reads cpuid; loading it runs none of its kernels)."""
+    try:
+        lib = ctypes.CDLL(str(path), mode=getattr(os, "RTLD_LOCAL", 0))
+        fn = lib.ggml_backend_score
+    except (OSError, AttributeError):
+        return 0
+    fn.restype = ctypes.c_int
+    return int(fn())
+
+
+def cpu_signature() -> str:
+    """A stable id of this CPU model and the features it advertises (a VM can hide or fake some)."""
+    ident = [platform.machine(), platform.processor()]
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n", 1)[0]
+        ident += [ln for ln in first.splitlines()
+                  if ln.split(":")[0].strip() in ("vendor_id", "cpu family", "model", "model name", "stepping", "flags")]
+    except OSError:
+        pass
+    return hashlib.sha1("\n".join(ident).encode()).hexdigest()[:16]
+
+
+class Verdicts:
+    """Per CPU signature, per variant: "ok" or the reason it failed; a JSON file in the cache dir."""
+
+    def __init__(self, path: Path | None, signature: str):
+        self.path, self.signature = path, signature
+        self._all: dict[str, dict[str, str]] = {}
+        if path is not None:
+            try:
+                data = json.loads(path.read_text())
+                self._all = data if isinstance(data, dict) else {}
+            except (OSError, ValueError):
+                pass  # none yet, or unreadable: probe again
+
+    def get(self, variant: str) -> str | None:
+        mine = self._all.get(self.signature)
+        return mine.get(variant) if isinstance(mine, dict) else None
+
+    def put(self, variant: str, verdict: str) -> None:
+        self._all.setdefault(self.signature, {})[variant] = verdict
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(self._all, indent=1))
+                tmp.replace(self.path)
+            except OSError as e:
+                log.warning("cannot remember the CPU variant verdict in %s: %s", self.path, e)
+
+
+def choose(variants: list[Variant], probe: Callable[[Variant], str | None], verdicts: Verdicts) -> Choice:
+    """The best variant whose probe passes (remembered verdicts are not probed again); the last resort is the
+    lowest one, which uses no instruction beyond the baseline, unprobed."""
+    choice = Choice(None)
+    for v in variants:
+        verdict = verdicts.get(v.name)
+        if verdict is None:
+            verdict = probe(v) or "ok"
+            verdicts.put(v.name, verdict)
+        if verdict == "ok":
+            choice.variant = v
+            return choice
+        choice.excluded.append((v.name, verdict))
+    choice.variant = variants[-1] if variants else None
+    return choice
+
+
+def probe_command(variant: Path, model: Path) -> list[str]:
+    if getattr(sys, "frozen", False):  # a PyInstaller bundle: its executable dispatches the subcommand
+        return [sys.executable, "probe-cpu", str(variant), str(model)]
+    return [sys.executable, "-m", "engine.backends", "probe", str(variant), str(model)]
+
+
+def run_probe(variant: Variant, model: Path, timeout: float = PROBE_TIMEOUT_S,
+              command: Callable[[Path, Path], list[str]] = probe_command) -> str | None:
+    """Run the probe child for variant; None when it passed, else why it failed ("killed by SIGILL")."""
+    try:
+        r = subprocess.run(command(variant.path, model), capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"no answer in {timeout:.0f} s"
+    if r.returncode == 0:
+        return None
+    if r.returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-r.returncode).name}"
+        except ValueError:
+            return f"killed by signal {-r.returncode}"
+    tail = r.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+    return f"exit status {r.returncode} {tail[0][:200]}".strip()
+
+
+_choice: Choice | None = None
+
+
+def current() -> Choice | None:
+    """What load() chose in this process (None before the first model loads)."""
+    return _choice
+
+
+def load(model: Path | None, cache_dir: Path | None) -> Choice:
+    """Load the backends this process will use, once, before llama.cpp initialises: with CPU variants present, the
+    best that survives the probe with this model (unprobed when no model is given), then the other backend modules."""
+    global _choice
+    if _choice is not None:
+        return _choice
+    libdir = library_dir()
+    variants = cpu_variants(libdir)
+    if not variants:
+        _choice = Choice(None)
+        return _choice
+    verdicts = Verdicts(cache_dir / "cpu-variants.json" if cache_dir else None, cpu_signature())
+    if model is None:
+        choice = Choice(variants[0])
+    else:
+        choice = choose(variants, lambda v: run_probe(v, model), verdicts)
+    ggml = _ggml(libdir)
+    if not ggml.ggml_backend_load(str(choice.variant.path).encode()):
+        raise OSError(f"cannot load {choice.variant.path}")
+    for path in sorted(libdir.glob(f"*ggml-*{_SUFFIX}")):  # GPU and RPC modules the build carries
+        kind = path.name.split("ggml-", 1)[1].removesuffix(_SUFFIX)
+        if kind not in ("base", "cpu") and not kind.startswith("cpu-") and "." not in kind:
+            if ggml.ggml_backend_load(str(path).encode()):
+                choice.others.append(kind)
+    if choice.excluded:
+        log.warning("CPU: using the %s variant; %s", choice.variant.name,
+                    "; ".join(f"{n} excluded ({why})" for n, why in choice.excluded))
+    else:
+        log.info("CPU: using the %s variant", choice.variant.name)
+    _choice = choice
+    return choice
+
+
+def _ggml(libdir: Path) -> ctypes.CDLL:
+    name = {"win32": "ggml.dll", "darwin": "libggml.dylib"}.get(sys.platform, "libggml.so")
+    lib = ctypes.CDLL(str(libdir / name))
+    lib.ggml_backend_load.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_load.restype = ctypes.c_void_p
+    return lib
+
+
+def probe_child(variant: str, model: str) -> int:
+    """The child: this variant alone, the model loaded as a server would (weights in the variant's extra buffer
+    types, where the AMX kernel lives), a few tokens decoded. A fault kills this process, not the app."""
+    import llama_cpp as L
+    if not _ggml(library_dir()).ggml_backend_load(variant.encode()):
+        print(f"cannot load {variant}", file=sys.stderr)
+        return 3
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    m = L.llama_model_load_from_file(model.encode(), mp)
+    if not m:
+        print(f"cannot load {model}", file=sys.stderr)
+        return 4
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 64, 32, 32
+    ctx = L.llama_init_from_model(m, cp)
+    if not ctx:
+        print("cannot create a context", file=sys.stderr)
+        return 5
+    vocab = L.llama_model_get_vocab(m)
+    n = 16
+    tokens = (L.llama_token * n)(*[i % max(1, L.llama_vocab_n_tokens(vocab)) for i in range(1, n + 1)])
+    rc = L.llama_decode(ctx, L.llama_batch_get_one(tokens, n))
+    L.llama_free(ctx)
+    L.llama_model_free(m)
+    return 0 if rc == 0 else 6
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "probe":
+        sys.exit(probe_child(sys.argv[2], sys.argv[3]))
+    print("usage: python -m engine.backends probe VARIANT MODEL", file=sys.stderr)
+    sys.exit(2)
