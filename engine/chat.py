@@ -27,6 +27,9 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 ROLES = ("system", "developer", "user", "assistant", "tool")
+# Where each image goes in the rendered text: libmtmd's default media marker, replaced by the image's rows (and
+# whatever begin/end tokens its projector wants) when the prompt is tokenized (engine/vision.py).
+MEDIA_MARKER = "<__media__>"
 # What the renderer itself passes to every template; a request's chat_template_kwargs may not replace them.
 TEMPLATE_VARIABLES = frozenset({"messages", "tools", "tool_choice", "functions", "function_call",
                                 "add_generation_prompt", "bos_token", "eos_token", "raise_exception", "strftime_now"})
@@ -205,6 +208,10 @@ def _flatten(msg: dict[str, Any]) -> dict[str, Any]:
         texts = []
         for part in content:
             kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image_url":
+                image_url(part)  # a remote URL is refused before anything renders
+                texts.append(MEDIA_MARKER)
+                continue
             if kind != "text":
                 raise InvalidRequest(f"content part type {kind!r} is not supported by this model", "messages")
             text = part.get("text", "")
@@ -217,6 +224,27 @@ def _flatten(msg: dict[str, Any]) -> dict[str, Any]:
     if "tool_calls" in msg and not msg["tool_calls"]:
         msg = {k: v for k, v in msg.items() if k != "tool_calls"}
     return msg
+
+
+def image_url(part: dict[str, Any]) -> str:
+    """The data: URI of an image_url content part (OpenAI's {"type": "image_url", "image_url": {"url": ...}});
+    InvalidRequest for any other URL: remote images are never fetched."""
+    spec = part.get("image_url")
+    url = spec.get("url") if isinstance(spec, dict) else None
+    if not isinstance(url, str):
+        raise InvalidRequest("an image_url content part needs \"image_url\": {\"url\": \"data:image/...;base64,...\"}",
+                             "messages")
+    if url[:5].lower() != "data:":
+        shown = url if len(url) <= 80 else url[:80] + "…"
+        raise InvalidRequest(f"image URL {shown!r} is not a data: URI; remote URLs are never fetched: send the image "
+                             "inline as data:image/png;base64,...", "messages")
+    return url
+
+
+def image_urls(messages: list[dict[str, Any]]) -> list[str]:
+    """The data: URIs of every image_url part, in the order the rendered prompt holds their markers."""
+    return [image_url(part) for m in messages if isinstance(m.get("content"), list)
+            for part in m["content"] if isinstance(part, dict) and part.get("type") == "image_url"]
 
 
 def _typed(msg: dict) -> dict:

@@ -78,6 +78,7 @@ KV_DTYPES = ("f16", "q8_0", "q4_0")  # the KV cache element types llama.cpp offe
 SCHEMA: tuple[Option, ...] = (
     Option("config", str, None, "path of the TOML config file", short="-c", cli_only=True),
     Option("model", str, None, "GGUF file to serve (adds it to the roster as the default model)", short="-m"),
+    Option("image_mmproj", str, None, "vision projector GGUF (mmproj) of --model: its chat then takes images"),
     Option("host", str, "127.0.0.1", "address to bind; 0.0.0.0 exposes the server to the network"),
     Option("port", int, 8080, "TCP port of the OpenAI-compatible server (0 = any free port)", short="-p",
            minimum=0, maximum=65535),
@@ -131,6 +132,8 @@ SCHEMA: tuple[Option, ...] = (
     Option("access_log", bool, True, "log one line per request (method, path, status, duration, Origin); "
            "--access-log off to silence"),
     Option("log_level", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
+    Option("theme", str, "system", "the desktop app's colours: system (the platform's), light or dark",
+           choices=("system", "light", "dark")),
     Option("no_gui", bool, False, "run the server headless, without importing Qt", cli_only=True),
 )
 OPTIONS = {o.name: o for o in SCHEMA}
@@ -140,7 +143,13 @@ SECRET_KEYS = ("api_key", "hf_token")  # shown as *** by /config and left out of
 NETWORK_KEYS = ("host", "api_key", "cors_origins", "allowed_hosts", "insecure_no_key")
 MODEL_KEYS = {"name": str, "path": str, "default": bool, "ctx": int, "streams": int, "chunk": int,
               "kv_dtype": str, "chat_template": str, "tool_format": str, "kv_unified": bool, "cache_ram": int,
-              "cache_disk": int, "ttl": int, "preload": bool}
+              "cache_disk": int, "ttl": int, "preload": bool, "image_mmproj": str,
+              "backend": str, "url": str, "urls": list, "api_key": str, "api_key_env": str, "remote_model": str,
+              "timeout": int}
+BACKENDS = ("local", "remote")  # local: a GGUF llama.cpp serves here; remote: an OpenAI-compatible server elsewhere
+# The keys a remote entry takes; every other roster key is about a GGUF served here.
+REMOTE_KEYS = ("name", "backend", "url", "urls", "api_key", "api_key_env", "remote_model", "timeout")
+REMOTE_TIMEOUT_S = (1, 86400)  # bounds of a remote entry's timeout
 # The tool-call wire formats engine/tools.py parses and constrains (the one list); a roster entry may also
 # say "none" (tools refused with a 400).
 TOOL_FORMATS = ("hermes", "llama_json", "mistral", "harmony", "gemma", "generic")
@@ -151,7 +160,7 @@ class ModelEntry:
     """One [[models]] roster entry; per-entry settings override the global ones."""
 
     name: str
-    path: str
+    path: str = ""  # a remote entry has none
     default: bool = False
     ctx: int | None = None
     streams: int | None = None
@@ -164,6 +173,22 @@ class ModelEntry:
     cache_disk: int | None = None
     ttl: int | None = None  # seconds idle before it is unloaded (-1: never); default: stays if preloaded
     preload: bool | None = None  # false: listed, and loaded by the first request naming it
+    image_mmproj: str | None = None  # its vision projector GGUF (mmproj): chat messages may hold images
+    backend: str = "local"  # "remote": served by url / urls, an OpenAI-compatible server elsewhere
+    url: str | None = None  # the upstream's OpenAI base URL (".../v1"; a bare host:port means its /v1)
+    urls: list[str] | None = None  # more replicas of the same upstream model
+    api_key: str | None = field(default=None, repr=False)  # sent upstream as the bearer token (kept in the file)
+    api_key_env: str | None = None  # or the environment variable holding it (kept out of the file)
+    remote_model: str | None = None  # the upstream's id for the model (default: name)
+    timeout: int | None = None  # seconds an upstream may stay silent (before its answer or between events)
+
+    @property
+    def remote(self) -> bool:
+        """Whether another server serves this entry (backend = "remote")."""
+        return self.backend == "remote"
+
+
+_OMITTED = {"path": "", "backend": "local", "default": False}  # written to the file only when they say more
 
 
 _SAVING = threading.Lock()
@@ -229,7 +254,7 @@ def _write_toml(path: Path, values: dict[str, Any], models: list[ModelEntry]) ->
         t = tomlkit.table()
         for k in MODEL_KEYS:
             v = getattr(m, k)
-            if v is not None and (k != "default" or v):
+            if v is not None and v != _OMITTED.get(k):
                 t[k] = v
         roster.append(t)
     doc["models"] = roster
@@ -274,11 +299,18 @@ def _parse_models(raw: Any, path: Path) -> list[ModelEntry]:
         raise ConfigError(f"'models' in {path} must be an array of tables ([[models]])")
     entries = []
     for i, item in enumerate(raw):
+        if isinstance(item, dict) and item.get("backend", "local") != "local":
+            entries.append(_parse_remote(item, i + 1, path))
+            continue
         if not isinstance(item, dict) or "path" not in item:
-            raise ConfigError(f"[[models]] entry {i + 1} in {path} needs a 'path'")
+            raise ConfigError(f"[[models]] entry {i + 1} in {path} needs a 'path' (or backend = \"remote\" and a "
+                              "'url')")
         for k, v in item.items():
             if k not in MODEL_KEYS:
                 raise ConfigError(f"unknown key '{k}' in [[models]] entry {i + 1}; allowed: {', '.join(MODEL_KEYS)}")
+            if k in REMOTE_KEYS and k not in ("name", "backend"):
+                raise ConfigError(f"'{k}' in [[models]] entry {i + 1} is for a remote model: add "
+                                  "backend = \"remote\" (and no 'path')")
             if k == "tool_format" and v not in (*TOOL_FORMATS, "none"):
                 raise ConfigError(f"invalid value for 'tool_format' in [[models]] entry {i + 1}: {v!r}; "
                                   f"allowed: {', '.join(TOOL_FORMATS)}, none")
@@ -289,7 +321,67 @@ def _parse_models(raw: Any, path: Path) -> list[ModelEntry]:
         item = dict(item)
         item.setdefault("name", Path(item["path"]).stem)
         entries.append(ModelEntry(**item))
+    _check_remote_names(entries, path)
     return entries
+
+
+def _parse_remote(item: dict[str, Any], n: int, path: Path) -> ModelEntry:
+    """A [[models]] entry with backend = "remote": a name, one or more http(s) base URLs, a key or the
+    environment variable holding it, the upstream's model id and a timeout; nothing about a local GGUF."""
+    where = f"[[models]] entry {n} in {path}"
+    if item["backend"] not in BACKENDS:
+        raise ConfigError(f"invalid value for 'backend' in {where}: {item['backend']!r}; allowed: "
+                          f"{', '.join(BACKENDS)}")
+    for k, v in item.items():
+        if k not in REMOTE_KEYS:
+            raise ConfigError(f"'{k}' does not apply to a remote model ({where}, backend = \"remote\"); its keys: "
+                              f"{', '.join(REMOTE_KEYS)}")
+        if not isinstance(v, MODEL_KEYS[k]) or isinstance(v, bool):
+            raise ConfigError(f"invalid value for '{k}' in {where}: {v!r}")
+        if isinstance(v, str) and ("\x00" in v or len(v) > 4096 or not v.strip()):
+            raise ConfigError(f"invalid value for '{k}' in {where}: empty, a NUL character or over 4096 characters")
+    if "name" not in item:
+        raise ConfigError(f"{where} needs a 'name' (what requests call the model)")
+    urls = ([item["url"]] if "url" in item else []) + list(item.get("urls", []))
+    if not urls:
+        raise ConfigError(f"{where} needs a 'url' (the upstream's OpenAI-compatible base URL, e.g. "
+                          "\"http://gpu-box:8000/v1\") or 'urls' (replicas)")
+    for u in urls:
+        _check_url(u, where)
+    if "api_key" in item and "api_key_env" in item:
+        raise ConfigError(f"{where} sets both 'api_key' and 'api_key_env'; keep one")
+    lo, hi = REMOTE_TIMEOUT_S
+    if "timeout" in item and not lo <= item["timeout"] <= hi:
+        raise ConfigError(f"invalid value for 'timeout' in {where}: {item['timeout']}; seconds from {lo} to {hi}")
+    return ModelEntry(**item)
+
+
+def _check_url(url: Any, where: str) -> None:
+    """ConfigError unless url is an http(s) URL with a host, and no user, query or fragment."""
+    from urllib.parse import urlsplit
+    if not isinstance(url, str):
+        raise ConfigError(f"invalid URL in {where}: {url!r} is not a string")
+    try:
+        u = urlsplit(url)
+        u.port  # noqa: B018 -- raises ValueError for a port out of range or not a number
+    except ValueError as e:
+        raise ConfigError(f"invalid URL {url!r} in {where}: {e}") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ConfigError(f"invalid URL {url!r} in {where}: an upstream is an http:// or https:// URL with a host, "
+                          "e.g. \"http://gpu-box:8000/v1\"")
+    if u.username is not None or u.query or u.fragment:
+        raise ConfigError(f"invalid URL {url!r} in {where}: no user, query or fragment (put a key in 'api_key' "
+                          "or 'api_key_env')")
+
+
+def _check_remote_names(entries: list[ModelEntry], path: Path) -> None:
+    """A remote entry's name is its own: requests naming it go upstream, so no other entry may share it."""
+    seen: dict[str, ModelEntry] = {}
+    for e in entries:
+        other = seen.setdefault(e.name, e)
+        if other is not e and (e.remote or other.remote):
+            raise ConfigError(f"two [[models]] entries in {path} are named '{e.name}'; a remote model's name must "
+                              "be its own")
 
 
 def load(argv: list[str] | None = None, env_path: Path | None = None) -> Config:
@@ -325,8 +417,12 @@ def load(argv: list[str] | None = None, env_path: Path | None = None) -> Config:
     if values.get("model"):
         # --model puts that file first as the default; the roster keeps its other entries.
         name = Path(values["model"]).stem
-        cfg.models = [ModelEntry(name=name, path=values["model"], default=True)] + \
+        cfg.models = [ModelEntry(name=name, path=values["model"], default=True,
+                                 image_mmproj=values.get("image_mmproj"))] + \
                      [m for m in models if m.name != name]
         for m in cfg.models[1:]:
             m.default = False
+    elif values.get("image_mmproj"):
+        raise ConfigError("--image-mmproj is the vision projector of --model, which is not given; a roster entry "
+                          "takes one as image_mmproj in its [[models]] table")
     return cfg

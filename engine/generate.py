@@ -12,7 +12,7 @@ import uuid
 from typing import Any, Callable
 
 from engine import tools
-from engine.chat import turns
+from engine.chat import image_urls, turns
 from engine.core.generation import Generation
 from engine.core.request import Request
 from engine.errors import ContextLengthExceeded, EngineStopped, InvalidRequest, QueueFull, UnsupportedByModel
@@ -157,15 +157,17 @@ class Generator:
         worker.wake()
         return gens
 
-    def _tokenize(self, m: LoadedModel, text: str) -> list[int]:
+    def _tokenize(self, m: LoadedModel, text: str, messages: list[dict[str, Any]] | None = None) -> list[int]:
         add_bos = m.model.add_bos and not (m.template.bos and text.startswith(m.template.bos))
+        if messages is not None and image_urls(messages):  # their markers become the images' rows
+            return m.image_prompt(text, messages, add_bos)
         return m.model.tokenize(text, add_special=add_bos, parse_special=True)
 
     def _chat_tokens(self, m: LoadedModel, req: ChatRequest) -> tuple[list[int], str]:
         """The prompt tokens and text; with truncation 'auto', oldest user-led turns go until it fits."""
         messages = req.messages
         text = m.template.render(messages, **req.template_kwargs)
-        tokens = self._tokenize(m, text)
+        tokens = self._tokenize(m, text, messages)
         if req.truncation != "auto":
             return tokens, text
         need = req.sampling.max_tokens or min(m.settings.default_max_tokens, m.ctx // 4)
@@ -174,9 +176,9 @@ class Generator:
         system, groups = turns(messages)
 
         def without(k: int) -> tuple[list[int], str]:  # the prompt with the oldest k user-led turns dropped
-            kept = system + [i for g in groups[k:] for i in g]
-            t = m.template.render([req.messages[i] for i in kept], **req.template_kwargs)
-            return self._tokenize(m, t), t
+            kept = [req.messages[i] for i in system + [i for g in groups[k:] for i in g]]
+            t = m.template.render(kept, **req.template_kwargs)
+            return self._tokenize(m, t, kept), t
         # the fewest turns to drop, by bisection: dropping more never makes the prompt longer, and
         # rendering once per dropped turn would cost time quadratic in the conversation's length
         lo, hi = 1, len(groups) - 1  # the latest turn always stays

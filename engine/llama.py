@@ -8,6 +8,7 @@ reviewed in one place.)
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -20,7 +21,7 @@ from typing import Callable
 import llama_cpp as L
 import numpy as np
 
-from engine.errors import InvalidRequest, ModelLoadError
+from engine.errors import EngineError, InvalidRequest, ModelLoadError
 
 log = logging.getLogger("llamadesk.llama")
 
@@ -279,6 +280,7 @@ class BatchContext(_Context):
         self._out = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(n_batch,))
         self._seq_ptrs = [b.seq_id[i] for i in range(n_batch)]
         self._nseq[:] = 1
+        self._rows: EmbdBatch | None = None  # image rows' batch, made at the first image
 
     def decode_prefill(self, seq: int, tokens: list[int], start_pos: int, offset: int, want_last: bool) -> None:
         """Fill batch rows offset.. with a prefill slice of one sequence (vectorised)."""
@@ -311,6 +313,29 @@ class BatchContext(_Context):
         rc = L.llama_decode(self.ctx, self.batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc} for a batch of {n_tokens} tokens")
+
+    def run_rows(self, slices: list[tuple[int, np.ndarray, int]], non_causal: bool = False) -> None:
+        """Decode embedding rows (images) in one llama_decode, no logits: each slice is (sequence, rows, first
+        position). Before the token batch of the same tick, whose logits are then the ones sampled. A
+        non-causal projector's rows attend to each other both ways (one image per slice, whole)."""
+        if self._rows is None:
+            self._rows = EmbdBatch(self.n_batch, L.llama_model_n_embd_inp(self.model.ptr), self.n_seq)
+        n = self._rows.fill(slices)
+        if non_causal:
+            L.llama_set_causal_attn(self.ctx, False)
+        try:
+            rc = L.llama_decode(self.ctx, self._rows.batch)
+        finally:
+            if non_causal:
+                L.llama_set_causal_attn(self.ctx, True)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc} for a batch of {n} image rows")
+
+    def free(self) -> None:
+        if self._rows is not None and self.ctx:
+            self._rows.free()
+            self._rows = None
+        super().free()
 
     def logits(self, row: int) -> np.ndarray:
         """The logits of batch row `row` from the last decode (a view, valid until the next decode)."""
@@ -350,6 +375,36 @@ class BatchContext(_Context):
             L.llama_memory_seq_rm(self.mem, seq, -1, -1)
             return False
         return True
+
+class EmbdBatch:
+    """A llama_batch of embedding rows instead of token ids (what a vision projector's output prefills)."""
+
+    def __init__(self, n_rows: int, n_embd: int, n_seq: int):
+        self.batch = L.llama_batch_init(n_rows, n_embd, n_seq)
+        b = self.batch
+        self._embd = np.ctypeslib.as_array(b.embd, shape=(n_rows, n_embd))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(n_rows,))
+        self._out = np.ctypeslib.as_array(ctypes.cast(b.logits, ctypes.POINTER(ctypes.c_int8)), shape=(n_rows,))
+        self._seq_ptrs = [b.seq_id[i] for i in range(n_rows)]
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n_rows,))[:] = 1
+        self._out[:] = 0  # rows inside a prompt: nothing to sample from them
+
+    def fill(self, slices: list[tuple[int, np.ndarray, int]]) -> int:
+        """Lay out (sequence, rows, first position) slices from row 0; returns the rows filled."""
+        i = 0
+        for seq, rows, start in slices:
+            n = len(rows)
+            self._embd[i:i + n] = rows
+            self._pos[i:i + n] = np.arange(start, start + n, dtype=np.int32)
+            for j in range(i, i + n):
+                self._seq_ptrs[j][0] = seq
+            i += n
+        self.batch.n_tokens = i
+        return i
+
+    def free(self) -> None:
+        L.llama_batch_free(self.batch)
+
 
 class EmbedContext(_Context):
     """A mean-pooling embedding context; several inputs go through one decode as separate sequences."""
@@ -407,6 +462,106 @@ class RankContext(EmbedContext):
         score; a Qwen3-style head softmaxes its yes/no pair, so that is P(yes))."""
         self._decode(inputs)
         return [float(L.llama_get_embeddings_seq(self.ctx, s)[0]) for s in range(len(inputs))]
+
+class ImageChunk:
+    """One image chunk of a prompt libmtmd tokenized: its bitmap's id, its row count, and its rows on demand."""
+
+    def __init__(self, tower: VisionTower, chunk, image_id: str, n_rows: int):
+        self._tower = tower
+        self._chunk = chunk
+        self.id = image_id
+        self.n_rows = n_rows
+
+    def encode(self) -> np.ndarray:
+        """The projector's output rows (n_rows x n_embd float32): a copy, valid after the chunks are freed."""
+        mt = self._tower.mt
+        _recent_errors.clear()
+        if mt.mtmd_encode_chunk(self._tower.ctx, self._chunk) != 0:
+            raise EngineError("the vision projector could not encode the image: "
+                              + ("; ".join(_recent_errors) or "libmtmd failed"))
+        out = mt.mtmd_get_output_embd(self._tower.ctx)
+        return np.ctypeslib.as_array(out, shape=(self.n_rows, self._tower.n_embd)).copy()
+
+
+class VisionTower:
+    """A vision projector (an mmproj GGUF) loaded by libmtmd beside its text model: it splits a prompt at its
+    media markers into text tokens and image chunks (each image resized and cut as the projector wants) and
+    encodes an image chunk into rows of the text model's embedding width. Not thread-safe: one caller at a
+    time (engine/vision.py's worker)."""
+
+    def __init__(self, path: Path, model: LlamaModel, threads: int, gpu: str, marker: str):
+        init_backend()
+        check_gguf(path)
+        from llama_cpp import mtmd_cpp as mt  # libmtmd is loaded only for a model that has a projector
+        self.mt = mt
+        mt.mtmd_log_set(_on_llama_log, ctypes.c_void_p(0))
+        p = mt.mtmd_context_params_default()
+        p.use_gpu = gpu != "off"
+        p.print_timings = False
+        p.n_threads = threads
+        self._marker = marker.encode()  # referenced for as long as the context reads it
+        p.media_marker = self._marker
+        _recent_errors.clear()
+        self.path = path
+        self.ctx = mt.mtmd_init_from_file(str(path).encode(), model.ptr, p)
+        if not self.ctx:
+            raise ModelLoadError(f"cannot load vision projector {path} for {model.path.name}: "
+                                 + ("; ".join(_recent_errors) or "libmtmd could not load it"))
+        why = None if mt.mtmd_support_vision(self.ctx) else "it has no vision encoder (an audio projector?)"
+        if why is None and mt.mtmd_decode_use_mrope(self.ctx):
+            why = "its model places image rows by M-RoPE (Qwen2-VL and kin), which llamadesk cannot prefill yet"
+        if why is not None:
+            self.free()
+            raise ModelLoadError(f"cannot use vision projector {path}: {why}")
+        self.n_embd = L.llama_model_n_embd_inp(model.ptr)
+        self.non_causal = bool(mt.mtmd_decode_use_non_causal(self.ctx, None))  # rows see each other both ways
+
+    @contextlib.contextmanager
+    def tokenized(self, text: str, images: list[tuple[int, int, bytes, str]], add_special: bool):
+        """The prompt as libmtmd splits it, in order: token id lists for text, ImageChunk for images (valid
+        inside the block). images: (width, height, RGB bytes, id) per media marker in text, in order."""
+        mt = self.mt
+        bitmaps = []
+        chunks = mt.mtmd_input_chunks_init()
+        try:
+            for w, h, rgb, image_id in images:
+                bm = mt.mtmd_bitmap_init(w, h, ctypes.cast(ctypes.c_char_p(rgb), ctypes.POINTER(ctypes.c_uint8)))
+                if not bm:
+                    raise InvalidRequest(f"an image of {w}x{h} pixels could not be taken by the projector", "messages")
+                bitmaps.append(bm)
+                mt.mtmd_bitmap_set_id(bm, image_id.encode())
+            data = text.encode("utf-8")
+            inp = mt.mtmd_input_text(text=data, text_len=len(data), add_special=add_special, parse_special=True)
+            arr = (mt.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
+            _recent_errors.clear()
+            rc = mt.mtmd_tokenize(self.ctx, chunks, ctypes.byref(inp), arr, len(bitmaps))
+            if rc != 0:
+                raise InvalidRequest(f"the prompt could not be split at its {len(bitmaps)} image(s): "
+                                     + ("; ".join(_recent_errors) or f"libmtmd returned {rc}"), "messages")
+            yield [self._part(mt.mtmd_input_chunks_get(chunks, i)) for i in range(mt.mtmd_input_chunks_size(chunks))]
+        finally:
+            mt.mtmd_input_chunks_free(chunks)
+            for bm in bitmaps:
+                mt.mtmd_bitmap_free(bm)
+
+    def _part(self, chunk) -> list[int] | ImageChunk:
+        mt = self.mt
+        kind = mt.mtmd_input_chunk_get_type(chunk)
+        if kind == mt.MTMD_INPUT_CHUNK_TYPE_TEXT:
+            n = ctypes.c_size_t(0)
+            ids = mt.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+            return list(ids[:n.value])
+        if kind != mt.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+            raise InvalidRequest("the prompt holds a media chunk that is not an image", "messages")
+        return ImageChunk(self, chunk, (mt.mtmd_input_chunk_get_id(chunk) or b"").decode(),
+                          mt.mtmd_input_chunk_get_n_tokens(chunk))
+
+    def free(self) -> None:
+        """Release the projector."""
+        if self.ctx:
+            self.mt.mtmd_free(self.ctx)
+            self.ctx = None
+
 
 def token_logprobs(logits: np.ndarray, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
     """The chosen token's log-probability and the `top` most likely tokens, from raw logits."""

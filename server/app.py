@@ -15,6 +15,7 @@ from server.errors import MAX_BODY_KEY, MAX_UPLOAD_KEY, error_middleware
 from server.keys import CONFIG, LIFECYCLE, SERVICE
 from server.routes import anthropic, audio, catalog, control, docs, ollama, openai, responses, utility
 from server.routes import rerank
+from server import remote
 
 log = logging.getLogger("llamadesk.server")
 
@@ -27,7 +28,8 @@ def build_app(service: Service, config: Config, lifecycle=None) -> web.Applicati
     """The application with every route, the error mapping and the body-size limit."""
     max_body = config.max_json_mb * 2**20
     max_upload = config.max_upload_mb * 2**20
-    middlewares = [guard_middleware(Policy.from_config(config)), error_middleware]
+    # remote_middleware last: after the access checks, inside the error mapping, just before the handlers
+    middlewares = [guard_middleware(Policy.from_config(config)), error_middleware, remote.remote_middleware]
     if config.access_log:
         middlewares.insert(0, access_middleware)
     app = web.Application(client_max_size=max(max_body, max_upload), middlewares=middlewares)
@@ -45,6 +47,7 @@ def build_app(service: Service, config: Config, lifecycle=None) -> web.Applicati
     app.add_routes(anthropic.routes)
     app.add_routes(rerank.routes)
     responses.install(app)  # the routes, and the response store opened and closed with the app
+    remote.install(app)  # the roster's remote models, their client session and health checks
     app.add_routes(docs.routes)
     return app
 

@@ -1,33 +1,27 @@
-"""Request bodies checked field by field and translated into engine requests.
+"""The OpenAI request bodies (chat completions, completions, embeddings) declared once as pydantic shapes, and
+their translation into engine requests; and the JSON body reader every route uses.
 
-Every check names the field it rejects; fields the server does not use are logged once per name.
-(Over 400 lines on purpose: every route's body goes through the same Fields checks and value walk, and
-keeping the OpenAI shapes side by side keeps them consistent.)
+The parts other protocols share are declared here once: the sampling fields and their bounds (`Temperature`,
+`TopP`, ...; Ollama's options and /infill use them), chat messages and function tools (Anthropic's and
+Ollama's translations are checked with them: `check_messages`, `tools_field`). A field a request leaves out
+keeps the engine's default: defaults are written in engine/requests.py only.
 """
 from __future__ import annotations
 
 import json
-import logging
-import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
 from aiohttp import web
+from pydantic import AfterValidator, Discriminator, Field, Tag, field_validator
 
 from engine.chat import ROLES, TEMPLATE_VARIABLES
-from server.errors import MAX_BODY_KEY
 from engine.errors import InvalidRequest, UnsupportedMediaType
 from engine.models.tenancy import parse_keep_alive
 from engine.requests import KEEP, ChatRequest, CompletionRequest, SamplingParams
-
-log = logging.getLogger("llamadesk.server")
-_ignored_logged: set[str] = set()
-
-# Accepted for compatibility but without effect here; never an error.
-_HARMLESS = {"user", "store", "metadata", "service_tier", "prediction", "modalities", "suffix", "best_of",
-             "reasoning_effort", "dimensions"}
-
+from server.errors import MAX_BODY_KEY
+from server.shapes import NonEmpty, Shape, between, log_ignored, not_plain_json, parse, refuse
 
 MAX_DEPTH = 64  # deepest nesting of arrays and objects a JSON body may have
 
@@ -81,8 +75,359 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
+# ---- sampling: the fields every generating route reads -------------------------------------------
+
+Temperature = between(0, 2)
+TopP = between(0, 1)
+TopK = between(0, 2**31 - 1, int)
+MinP = between(0, 1)
+RepeatPenalty = between(0.01, 10)
+Penalty = between(-2, 2)  # presence and frequency
+MaxTokens = Annotated[int, Field(ge=1)]
+Stop = Union[str, Annotated[list[str], Field(max_length=16)]]
+
+
+def sampling_params(values: dict[str, Any]) -> SamplingParams:
+    """SamplingParams from checked values under the engine's names; None or absent: the engine's default."""
+    given = {k: v for k, v in values.items() if v is not None}
+    if isinstance(given.get("stop"), str):
+        given["stop"] = [given["stop"]]
+    if "logit_bias" in given:
+        given["logit_bias"] = {int(k): float(v) for k, v in given["logit_bias"].items()}
+    return SamplingParams(**given)
+
+
+class Sampling(Shape):
+    """The sampling fields of chat completions, completions and llama-server's routes."""
+
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None  # the newer name: it wins over max_tokens
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    repeat_penalty: RepeatPenalty | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    seed: int | None = None
+    logit_bias: dict[str, between(-100, 100)] | None = None  # token id (as a string) -> bias
+    stop: Stop | None = None
+    ignore_eos: bool | None = None  # llama-server's: generate until max_tokens
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for k in bias or {}:
+            if not (k.isascii() and k.isdigit() and int(k) < 2**31):
+                raise refuse(f"keys must be token ids, got {k[:40]!r}")
+        return bias
+
+    def sampling(self) -> SamplingParams:
+        """These fields as the engine's SamplingParams."""
+        return sampling_params({
+            "max_tokens": self.max_completion_tokens or self.max_tokens, "temperature": self.temperature,
+            "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p, "repeat_penalty": self.repeat_penalty,
+            "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+            "seed": self.seed, "logit_bias": self.logit_bias, "stop": self.stop, "ignore_eos": self.ignore_eos})
+
+
+class Lifetime(Shape):
+    """How long the model stays loaded once idle after this request: Ollama's keep_alive (seconds or a duration
+    such as "5m"; 0: unload when done; negative: until unloaded) or LM Studio's ttl (seconds; -1: forever)."""
+
+    keep_alive: float | str | None = None
+    ttl: Annotated[int, Field(ge=-1)] | None = None
+
+    def keep(self) -> Any:
+        """The engine's keep_alive: seconds, None (until unloaded), or KEEP (the model's time-to-live stands)."""
+        if self.keep_alive is not None and self.ttl is not None:
+            raise InvalidRequest("send 'keep_alive' or 'ttl', not both", "ttl")
+        if self.keep_alive is not None:
+            return parse_keep_alive(self.keep_alive)
+        if self.ttl is not None:
+            return None if self.ttl < 0 else float(self.ttl)
+        return KEEP
+
+
+@dataclass
+class StreamOptions:
+    """How the response is delivered."""
+
+    stream: bool
+    include_usage: bool
+    n: int = 1  # choices, generated as parallel streams
+    logprobs: bool = False
+
+
+class StreamOptionsField(Shape):
+    include_usage: bool | None = None  # a last chunk with the usage of the whole request
+
+
+class Delivery(Sampling, Lifetime):
+    """What chat completions and completions share: the model, sampling, lifetime, and how the reply comes."""
+
+    model: str | None = None
+    stream: bool | None = None
+    stream_options: StreamOptionsField | None = None
+    n: between(1, 8, int) | None = None  # choices, generated as parallel streams of one prefill
+
+    def delivery(self) -> StreamOptions:
+        """How the reply is delivered: streamed or not, with a usage chunk, how many choices."""
+        opts = self.stream_options
+        return StreamOptions(bool(self.stream), bool(opts and opts.include_usage),
+                             **({"n": self.n} if self.n is not None else {}))
+
+
+# ---- chat messages and tools -------------------------------------------------------------------------
+
+_TOOL_NAME_WORDS = "1 to 64 letters, digits, '_', '-' or '.'"
+_TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # OpenAI's (plus '.'): it goes into grammars and call syntax
+_TOOL_NAME = re.compile(_TOOL_NAME_PATTERN[1:-1])
+
+
+def _usable_tool_name(name: str) -> str:
+    if not _TOOL_NAME.fullmatch(name):
+        raise refuse(f"must be {_TOOL_NAME_WORDS}, got {name[:80]!r}")
+    return name
+
+
+ToolName = Annotated[str, Field(json_schema_extra={"pattern": _TOOL_NAME_PATTERN}),
+                     AfterValidator(_usable_tool_name)]
+
+
+class TextPart(Shape):
+    type: Literal["text"]
+    text: str
+
+
+class OtherPart(Shape):
+    """image_url, input_audio, file, ...: passed to the chat template as they are (a template that cannot
+    render them says so)."""
+
+    type: str
+
+
+def _part_kind(v: Any) -> str:
+    kind = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return "text-part" if kind == "text" else "other-part"
+
+
+ContentPart = Annotated[Union[Annotated[TextPart, Tag("text-part")], Annotated[OtherPart, Tag("other-part")]],
+                        Discriminator(_part_kind)]
+
+
+class CalledFunction(Shape):
+    name: NonEmpty
+    arguments: str | dict[str, Any] | None = None  # a JSON string (OpenAI's), or an object
+
+
+class ToolCall(Shape):
+    """A call the assistant made earlier, sent back with the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class ChatMessage(Shape):
+    """One message of a conversation (other fields, such as reasoning_content, go to the template as they are)."""
+
+    role: Literal[ROLES]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    tool_calls: list[ToolCall] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as the engine's chat template receives it: what was sent."""
+        return self.model_dump(exclude_unset=True)
+
+
+class FunctionDef(Shape):
+    name: ToolName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema for the arguments
+
+
+class ChatTool(Shape):
+    """A function the model may call (the client runs it)."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+    def as_dict(self) -> dict[str, Any]:
+        """The tool as the chat template and the grammar receive it: what was sent."""
+        return self.model_dump(exclude_unset=True)
+
+
+class NamedFunction(Shape):
+    name: NonEmpty
+
+
+class NamedToolChoice(Shape):
+    """The one function the model must call."""
+
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class _Conversation(Shape):
+    messages: list[ChatMessage] = []
+    tools: list[ChatTool] | None = None
+
+
+def check_messages(messages: list[dict[str, Any]]) -> None:
+    """Messages translated from another protocol, checked as chat completions' are (400 naming the message)."""
+    parse(_Conversation, {"messages": messages}, "messages")
+
+
+def tools_field(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tools translated from another protocol, checked as chat completions' are; returned as they are."""
+    parse(_Conversation, {"tools": tools}, "tools")
+    return tools
+
+
+# ---- output formats -----------------------------------------------------------------------------------
+
+class ResponseFormatText(Shape):
+    type: Literal["text"]
+
+
+class ResponseFormatJSONObject(Shape):
+    type: Literal["json_object"]
+
+
+class JSONSchema(Shape):
+    name: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class ResponseFormatJSONSchema(Shape):
+    type: Literal["json_schema"]
+    json_schema: JSONSchema
+
+
+ResponseFormat = Annotated[Union[ResponseFormatText, ResponseFormatJSONObject, ResponseFormatJSONSchema],
+                          Field(discriminator="type")]
+
+
+def output_spec(fmt: ResponseFormatText | ResponseFormatJSONObject | ResponseFormatJSONSchema | None,
+                ) -> dict[str, Any] | None:
+    """The engine's output spec (compiled into a grammar) for a response_format; None for plain text."""
+    if isinstance(fmt, ResponseFormatJSONObject):
+        return {"type": "json_object"}
+    if isinstance(fmt, ResponseFormatJSONSchema):
+        return {"type": "json_schema", "schema": fmt.json_schema.schema_}
+    return None
+
+
+# ---- the routes' bodies ------------------------------------------------------------------------------------
+
+class ChatCompletionRequest(Delivery):
+    """POST /v1/chat/completions (OpenAI's fields, and llama-server's sampling extras and chat_template_kwargs)."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: between(0, 20, int) | None = None  # with logprobs: the most likely alternatives per token
+    truncation: Literal["auto", "disabled"] | None = None  # auto: drop the oldest turns until the prompt fits
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the chat template
+    enable_thinking: bool | None = None  # the chat template's thinking switch
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _not_the_templates_own(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted((kwargs or {}).keys() & TEMPLATE_VARIABLES)
+        if taken:
+            raise refuse(f"may not set the chat template's own variables ({', '.join(taken)}); use the request's "
+                         "fields for them")
+        return kwargs
+
+    def to_engine(self) -> tuple[ChatRequest, StreamOptions]:
+        """The engine's ChatRequest, and how its reply is delivered."""
+        sampling, opts = self.sampling(), self.delivery()
+        if self.logprobs:
+            opts.logprobs = True
+            sampling.logprobs = self.top_logprobs or 0
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.enable_thinking is not None:
+            kwargs["enable_thinking"] = self.enable_thinking
+        choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, Shape) else self.tool_choice
+        optional = {"truncation": self.truncation, "parallel_tool_calls": self.parallel_tool_calls}
+        req = ChatRequest(self.model, [m.as_dict() for m in self.messages], sampling, template_kwargs=kwargs,
+                          tools=[t.as_dict() for t in self.tools] if self.tools is not None else None,
+                          tool_choice=choice, response_format=output_spec(self.response_format),
+                          keep_alive=self.keep(), **{k: v for k, v in optional.items() if v is not None})
+        return req, opts
+
+
+TokenIds = Annotated[list[int], Field(min_length=1)]
+
+
+class TextCompletionRequest(Delivery):
+    """POST /v1/completions: a raw text or token-id prompt, no chat template."""
+
+    prompt: str | TokenIds | Annotated[list[str | TokenIds], Field(min_length=1)]
+    logprobs: between(0, 5, int) | None = None  # the chosen token's logprob and this many alternatives
+    echo: bool | None = None  # the reply starts with the prompt
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        if isinstance(prompt, list) and not isinstance(prompt[0], int):
+            if len(prompt) > 1:
+                raise refuse("must be a string, an array of token ids, or an array of one of those; several prompts "
+                             "in one request are not supported yet")
+            return prompt[0]
+        return prompt
+
+    def to_engine(self) -> tuple[CompletionRequest, StreamOptions]:
+        """The engine's CompletionRequest, and how its reply is delivered."""
+        sampling, opts = self.sampling(), self.delivery()
+        if self.logprobs is not None:
+            opts.logprobs = True
+            sampling.logprobs = self.logprobs
+        return CompletionRequest(self.model, self.prompt, sampling, bool(self.echo), keep_alive=self.keep()), opts
+
+
+class EmbeddingRequest(Lifetime):
+    """POST /v1/embeddings: one text or token list, or up to 2048 of them."""
+
+    input: str | TokenIds | Annotated[list[str | TokenIds], Field(min_length=1, max_length=2048)]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+
+    def inputs(self) -> list[str | list[int]]:
+        """Every input to embed, in order."""
+        if isinstance(self.input, str) or isinstance(self.input[0], int):
+            return [self.input]
+        return list(self.input)
+
+
+def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
+    """A /v1/chat/completions body (or one translated into that form) as an engine ChatRequest."""
+    return parse(ChatCompletionRequest, body, "chat.completions").to_engine()
+
+
+def completion_request(body: dict[str, Any]) -> tuple[CompletionRequest, StreamOptions]:
+    """A /v1/completions body as an engine CompletionRequest."""
+    return parse(TextCompletionRequest, body, "completions").to_engine()
+
+
+def embedding_request(body: dict[str, Any]) -> tuple[str | None, list[str | list[int]], str, Any]:
+    """(model, inputs, encoding_format, keep_alive) of a /v1/embeddings body."""
+    req = parse(EmbeddingRequest, body, "embeddings")
+    return req.model, req.inputs(), req.encoding_format, req.keep()
+
+
+# ---- field by field, for the routes not declared as shapes yet ----------------------------------------
+
 class Fields:
-    """Typed access to a JSON body that remembers which fields were read."""
+    """Typed access to a JSON body that remembers which fields were read: for the routes whose bodies are not
+    declared as shapes yet (audio, catalog, control)."""
 
     def __init__(self, body: dict[str, Any], route: str):
         self.body = body
@@ -106,7 +451,7 @@ class Fields:
             ok, v = True, float(v)
         if not ok:
             raise InvalidRequest(f"'{name}' must be {what or _kind_words(kinds)}, got {_json_type(v)}", name)
-        problem = _not_plain_json(v, name)
+        problem = not_plain_json(v, name)
         if problem:
             raise InvalidRequest(problem, name)
         if lo is not None and v < lo or hi is not None and v > hi:
@@ -129,352 +474,19 @@ class Fields:
 
     def log_ignored(self) -> None:
         """Log, once per field name, the fields this route did not use."""
-        for name in self.body.keys() - self.used - _HARMLESS:
-            key = f"{self.route}:{name}"
-            if key not in _ignored_logged:
-                _ignored_logged.add(key)
-                log.warning("ignoring unsupported field '%s' in %s requests (logged once)", name, self.route)
+        log_ignored(self.body.keys() - self.used, self.route)
 
 
 _MAX_FLOAT_INT = 10 ** 308  # integers beyond this overflow a float
-_INT64 = 2 ** 63
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _not_plain_json(value: Any, path: str) -> str | None:
-    """Why value (a field's value, nested parts included) cannot go on to the engine, or None: a lone
-    surrogate cannot be encoded as UTF-8 (so not tokenized), NaN and Infinity are no JSON numbers, and no
-    engine parameter takes an integer beyond 64 bits. Iterative; the depth is bounded by read_json."""
-    problem = _scalar_problem(value)
-    if problem:
-        return problem(path)
-    stack = [(value, path)] if isinstance(value, (list, dict)) else []
-    while stack:
-        v, p = stack.pop()
-        if isinstance(v, dict):
-            for k in v:
-                if _SURROGATE.search(k):
-                    return f"a key in '{p}' holds a lone surrogate ({_first_surrogate(k)}), which is not valid " \
-                           "Unicode text"
-            children = [(x, k, ".") for k, x in v.items()]
-        elif all(type(x) is int for x in v):  # token ids: checked by their extremes (a prompt may be 100k long)
-            if v and (min(v) < -_INT64 or max(v) >= _INT64):
-                i = next(i for i, x in enumerate(v) if not -_INT64 <= x < _INT64)
-                return f"'{p}[{i}]' is out of range: integers here must fit in 64 bits"
-            continue
-        else:
-            children = [(x, i, "[") for i, x in enumerate(v)]
-        nested = []
-        for x, key, sep in children:
-            if isinstance(x, (list, dict)):
-                nested.append((x, f"{p}.{key}" if sep == "." else f"{p}[{key}]"))
-            elif (problem := _scalar_problem(x)) is not None:
-                return problem(f"{p}.{key}" if sep == "." else f"{p}[{key}]")
-        stack.extend(reversed(nested))  # depth first, in document order
-    return None
-
-
-def _scalar_problem(v: Any):
-    """A function of the value's path giving why v is refused, or None."""
-    if isinstance(v, str):
-        if _SURROGATE.search(v):
-            return lambda p: f"'{p}' holds a lone surrogate ({_first_surrogate(v)}), which is not valid Unicode text"
-    elif isinstance(v, float):
-        if not math.isfinite(v):
-            return lambda p: f"'{p}' must be a finite number, got {v}"
-    elif isinstance(v, int) and not isinstance(v, bool) and not -_INT64 <= v < _INT64:
-        return lambda p: f"'{p}' is out of range: integers here must fit in 64 bits"
-    return None
-
-
-def _brief(v: Any) -> str:
-    """repr(v), cut short: error messages quote what they refuse, but never a whole body."""
-    text = repr(v)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _first_surrogate(text: str) -> str:
-    m = _SURROGATE.search(text)
-    return f"\\u{ord(m.group()):04x} at character {m.start()}" if m else ""
 
 
 def _kind_words(kinds: tuple[type, ...]) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-             dict: "an object"}
-    return " or ".join(names[k] for k in kinds)
+    return " or ".join(_TYPE_NAMES[k] for k in kinds)
 
 
 def _json_type(v: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-            dict: "an object"}.get(type(v), type(v).__name__)
+    return _TYPE_NAMES.get(type(v), type(v).__name__)
 
 
-@dataclass
-class StreamOptions:
-    """How the response is delivered."""
-
-    stream: bool
-    include_usage: bool
-    n: int = 1  # choices, generated as parallel streams
-    logprobs: bool = False
-
-
-def sampling_params(f: Fields) -> SamplingParams:
-    """The sampling fields every generating route reads (max_tokens, temperature, penalties, stop, ...)."""
-    max_tokens = f.get("max_completion_tokens", int, lo=1)
-    if max_tokens is None:
-        max_tokens = f.get("max_tokens", int, lo=1)
-    else:
-        f.used.add("max_tokens")
-    stop = f.get("stop", (str, list), [], what="a string or an array of strings")
-    if isinstance(stop, str):
-        stop = [stop]
-    if len(stop) > 16 or not all(isinstance(s, str) for s in stop):
-        raise InvalidRequest("'stop' must be a string or an array of at most 16 strings", "stop")
-    bias_raw = f.get("logit_bias", dict, {})
-    bias = {}
-    for k, v in bias_raw.items():
-        try:
-            tok = int(k)
-        except ValueError:
-            tok = -1
-        if not 0 <= tok < 2**31:
-            raise InvalidRequest(f"'logit_bias' keys must be token ids, got {_brief(k)}", "logit_bias")
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
-            raise InvalidRequest(f"'logit_bias' values must be numbers between -100 and 100, got {_brief(v)}",
-                                 "logit_bias")
-        bias[tok] = float(v)
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=f.get("temperature", float, 1.0, lo=0, hi=2),
-        top_p=f.get("top_p", float, 1.0, lo=0, hi=1),
-        top_k=f.get("top_k", int, 0, lo=0, hi=2**31 - 1),
-        min_p=f.get("min_p", float, 0.0, lo=0, hi=1),
-        repeat_penalty=f.get("repeat_penalty", float, 1.0, lo=0.01, hi=10),
-        presence_penalty=f.get("presence_penalty", float, 0.0, lo=-2, hi=2),
-        frequency_penalty=f.get("frequency_penalty", float, 0.0, lo=-2, hi=2),
-        seed=f.get("seed", int),
-        logit_bias=bias,
-        stop=stop,
-        ignore_eos=f.get("ignore_eos", bool, False),
-    )
-
-
-def _stream_options(f: Fields) -> StreamOptions:
-    stream = f.get("stream", bool, False)
-    opts = f.get("stream_options", dict, {})
-    include_usage = opts.get("include_usage", False)
-    if not isinstance(include_usage, bool):
-        raise InvalidRequest("'stream_options.include_usage' must be a boolean", "stream_options")
-    return StreamOptions(stream, include_usage, n=f.get("n", int, 1, lo=1, hi=8))
-
-
-def _response_format(f: Fields) -> dict[str, Any] | None:
-    """What a response_format asks for, as the engine's output spec: {"type": "json_object"} or
-    {"type": "json_schema", "schema": {...}} (None for plain text). The engine compiles it into a grammar."""
-    rf = f.get("response_format", dict)
-    kind = (rf or {}).get("type", "text")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "json_object"}
-    if kind == "json_schema":
-        js = rf.get("json_schema")
-        schema = js.get("schema") if isinstance(js, dict) else None
-        if not isinstance(schema, dict):
-            raise InvalidRequest("response_format json_schema needs {\"json_schema\": {\"name\", \"schema\": {...}}}",
-                                 "response_format")
-        return {"type": "json_schema", "schema": schema}
-    raise InvalidRequest(f"response_format type must be text, json_object or json_schema, got {_brief(kind)}",
-                         "response_format")
-
-
-_CALL_SHAPE = '{"id", "type": "function", "function": {"name", "arguments"}}'
-_TOOL_SHAPE = '{"type": "function", "function": {"name", "description"?, "parameters"?}}'
-_TOOL_CHOICES = ("none", "auto", "required")
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's (plus '.'): it goes into grammars and call syntax
-
-
-def check_messages(messages: list) -> None:
-    """Each message's role, content, name and tool_calls have the OpenAI shape (the engine relies on it)."""
-    for i, m in enumerate(messages):
-        at = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise InvalidRequest(f"{at} must be an object", "messages")
-        if m.get("role") not in ROLES:
-            raise InvalidRequest(f"{at}.role must be one of {', '.join(ROLES)}, got {_brief(m.get('role'))}",
-                                 "messages")
-        content = m.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            raise InvalidRequest(f"{at}.content must be a string or an array of parts", "messages")
-        for j, part in enumerate(content if isinstance(content, list) else []):
-            if not isinstance(part, dict):
-                raise InvalidRequest(f"{at}.content parts must be objects", "messages")
-            if not isinstance(part.get("type"), str):
-                raise InvalidRequest(f"{at}.content[{j}].type must be a string", "messages")
-            if part["type"] == "text" and not isinstance(part.get("text"), str):
-                raise InvalidRequest(f"{at}.content[{j}].text must be a string", "messages")
-        for key in ("name", "tool_call_id"):
-            if m.get(key) is not None and not isinstance(m[key], str):
-                raise InvalidRequest(f"{at}.{key} must be a string", "messages")
-        calls = m.get("tool_calls")
-        if calls is None:
-            continue
-        if not isinstance(calls, list):
-            raise InvalidRequest(f"{at}.tool_calls must be an array of {_CALL_SHAPE}", "messages")
-        for j, c in enumerate(calls):
-            where = f"{at}.tool_calls[{j}]"
-            if not isinstance(c, dict):
-                raise InvalidRequest(f"{where} must be an object {_CALL_SHAPE}, got {_json_type(c)}", "messages")
-            if c.get("id") is not None and not isinstance(c["id"], str):
-                raise InvalidRequest(f"{where}.id must be a string", "messages")
-            if c.get("type", "function") != "function":
-                raise InvalidRequest(f"{where}.type must be 'function'", "messages")
-            fn = c.get("function")
-            if not isinstance(fn, dict):
-                raise InvalidRequest(f"{where}.function must be an object {{\"name\", \"arguments\"}}", "messages")
-            if not isinstance(fn.get("name"), str) or not fn["name"]:
-                raise InvalidRequest(f"{where}.function.name must be a non-empty string", "messages")
-            if fn.get("arguments") is not None and not isinstance(fn["arguments"], (str, dict)):
-                raise InvalidRequest(f"{where}.function.arguments must be a JSON string (or an object)", "messages")
-
-
-def tools_field(f: Fields) -> list[dict] | None:
-    """The tools array, each a function with a usable name and a JSON schema for its parameters."""
-    tools = f.get("tools", list)
-    for i, t in enumerate(tools or []):
-        where = f"tools[{i}]"
-        if not isinstance(t, dict):
-            raise InvalidRequest(f"{where} must be an object {_TOOL_SHAPE}, got {_json_type(t)}", "tools")
-        if t.get("type", "function") != "function":
-            raise InvalidRequest(f"{where}.type must be 'function', got {_brief(t.get('type'))}", "tools")
-        fn = t.get("function")
-        if not isinstance(fn, dict):
-            raise InvalidRequest(f"{where}.function must be an object {{\"name\", ...}}", "tools")
-        name = fn.get("name")
-        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
-            raise InvalidRequest(f"{where}.function.name must be 1 to 64 letters, digits, '_', '-' or '.', got "
-                                 f"{_brief(name)}", "tools")
-        if fn.get("description") is not None and not isinstance(fn["description"], str):
-            raise InvalidRequest(f"{where}.function.description must be a string", "tools")
-        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-            raise InvalidRequest(f"{where}.function.parameters must be a JSON schema object", "tools")
-    return tools
-
-
-def _tool_choice(f: Fields) -> str | dict | None:
-    """'none', 'auto', 'required' or {"type": "function", "function": {"name"}}."""
-    choice = f.get("tool_choice", (str, dict), what="'none', 'auto', 'required' or an object")
-    if choice is None or choice in _TOOL_CHOICES:
-        return choice
-    fn = choice.get("function") if isinstance(choice, dict) else None
-    if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"] \
-            and choice.get("type", "function") == "function":
-        return choice
-    raise InvalidRequest("'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", "
-                         "\"function\": {\"name\": ...}}", "tool_choice")
-
-
-def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
-    """A /v1/chat/completions body as an engine ChatRequest."""
-    f = Fields(body, "chat.completions")
-    model = f.get("model", str)
-    messages = f.get("messages", list)
-    if messages is None:
-        raise InvalidRequest("'messages' is required", "messages")
-    if not messages:
-        raise InvalidRequest("'messages' must not be empty", "messages")
-    check_messages(messages)
-    sampling = sampling_params(f)
-    opts = _stream_options(f)
-    response_format = _response_format(f)
-    if f.get("logprobs", bool, False):
-        opts.logprobs = True
-        sampling.logprobs = f.get("top_logprobs", int, 0, lo=0, hi=20)
-    else:
-        f.get("top_logprobs", int)
-    parallel_tool_calls = f.get("parallel_tool_calls", bool, True)
-    truncation = f.get("truncation", str, "disabled")
-    if truncation not in ("auto", "disabled"):
-        raise InvalidRequest("'truncation' must be 'auto' or 'disabled'", "truncation")
-    kwargs = dict(f.get("chat_template_kwargs", dict, {}))
-    taken = sorted(kwargs.keys() & TEMPLATE_VARIABLES)
-    if taken:
-        raise InvalidRequest(f"'chat_template_kwargs' may not set the chat template's own variables "
-                             f"({', '.join(taken)}); use the request's fields for them", "chat_template_kwargs")
-    thinking = f.get("enable_thinking", bool)
-    if thinking is not None:
-        kwargs["enable_thinking"] = thinking
-    tools = tools_field(f)
-    tool_choice = _tool_choice(f)
-    keep = keep_alive(f)
-    f.log_ignored()
-    return ChatRequest(model, messages, sampling, truncation, kwargs, tools=tools, tool_choice=tool_choice,
-                       parallel_tool_calls=parallel_tool_calls, response_format=response_format,
-                       keep_alive=keep), opts
-
-
-def completion_request(body: dict[str, Any]) -> tuple[CompletionRequest, StreamOptions]:
-    """A /v1/completions body as an engine CompletionRequest."""
-    f = Fields(body, "completions")
-    model = f.get("model", str)
-    prompt = f.get("prompt", (str, list), what="a string, an array of token ids, or an array of one string")
-    if prompt is None:
-        raise InvalidRequest("'prompt' is required", "prompt")
-    if isinstance(prompt, list):
-        if len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        if isinstance(prompt, list) and not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise InvalidRequest("'prompt' must be a string, an array of token ids, or an array of one string; "
-                                 "several prompts in one request are not supported yet", "prompt")
-    sampling = sampling_params(f)
-    opts = _stream_options(f)
-    top = f.get("logprobs", int, None, lo=0, hi=5)
-    if top is not None:
-        opts.logprobs = True
-        sampling.logprobs = top
-    echo = f.get("echo", bool, False)
-    keep = keep_alive(f)
-    f.log_ignored()
-    return CompletionRequest(model, prompt, sampling, echo, keep_alive=keep), opts
-
-
-def embedding_request(body: dict[str, Any]) -> tuple[str | None, list[str | list[int]], str, Any]:
-    """(model, inputs, encoding_format, keep_alive) of a /v1/embeddings body."""
-    f = Fields(body, "embeddings")
-    model = f.get("model", str)
-    raw = f.get("input", (str, list))
-    if raw is None:
-        raise InvalidRequest("'input' is required", "input")
-    if isinstance(raw, str):
-        inputs: list[str | list[int]] = [raw]
-    elif raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
-        inputs = [raw]
-    elif raw and all(isinstance(x, str) or (isinstance(x, list) and all(isinstance(t, int) for t in x))
-                     for x in raw):
-        inputs = list(raw)
-    else:
-        raise InvalidRequest("'input' must be a non-empty string, array of strings, or array(s) of token ids",
-                             "input")
-    if len(inputs) > 2048:
-        raise InvalidRequest("'input' may hold at most 2048 items", "input")
-    fmt = f.get("encoding_format", str, "float")
-    if fmt not in ("float", "base64"):
-        raise InvalidRequest("'encoding_format' must be 'float' or 'base64'", "encoding_format")
-    keep = keep_alive(f)
-    f.log_ignored()
-    return model, inputs, fmt, keep
-
-
-def keep_alive(f: Fields) -> Any:
-    """How long the model stays loaded once idle after this request: Ollama's "keep_alive" (seconds or a
-    duration; 0: unload when done; negative: until unloaded) or LM Studio's "ttl" (seconds); KEEP when absent."""
-    raw = f.get("keep_alive", (int, float, str))
-    ttl = f.get("ttl", int, lo=-1)
-    if raw is not None and ttl is not None:
-        raise InvalidRequest("send 'keep_alive' or 'ttl', not both", "ttl")
-    if raw is not None:
-        return parse_keep_alive(raw)
-    if ttl is not None:
-        return None if ttl < 0 else float(ttl)
-    return KEEP
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
+               dict: "an object"}

@@ -7,6 +7,7 @@ what changes comes back through its typed signals, stats once per tick.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -37,12 +38,18 @@ class LogBridge(logging.Handler):
             pass
 
 
+def _loading_fraction(weights_read: float) -> float:
+    """What a load's progress bar shows: the weights come first, then the context and KV cache are set up
+    with all weights read, so 1.0 waits for the load to end."""
+    return min(weights_read, 0.99)
+
+
 class Bridge(QObject):
     """Typed signals out, facade calls in."""
 
     stats_updated = Signal(dict)  # /v1/stats, once a second
     streams_updated = Signal(list)  # /v1/streams' list, once a second
-    state_changed = Signal(str)  # serving | setup | loading | busy | paused | stopped
+    state_changed = Signal(str)  # serving | setup | loading | busy | benchmarking | paused | stopped
     models_changed = Signal()
     log_record = Signal(str, str)  # level, formatted line
     chat_delta = Signal(str, str)  # chat id, text
@@ -55,7 +62,8 @@ class Bridge(QObject):
     transcript_segment = Signal(str, object)  # request id, {"id", "start", "end", "text"}: each as it is decoded
     transcript_ready = Signal(str, object)  # request id, {"text", "segments", "duration", "spans", "samples"}
     speech_error = Signal(str, str)  # request id, message
-    bench_done = Signal(dict)  # the benchmark record (state done or failed)
+    bench_progress = Signal(dict)  # {"step", "steps", "current", "rows"}: before each test, and after the last
+    bench_done = Signal(dict)  # the benchmark record (state done, cancelled or failed)
     load_progress = Signal(str, float)  # model name, fraction of its weights loaded
     hub_results = Signal(str, object)  # query, the GGUF repos Hugging Face found for it
     hub_files = Signal(str, object)  # repo, its GGUF models (quant, size, fit) and vision towers
@@ -74,6 +82,11 @@ class Bridge(QObject):
         self._timer = QTimer(self)
         self._timer.setInterval(1000)
         self._timer.timeout.connect(self.on_tick)
+        # loads the window did not start (a request naming an unloaded model) show their progress too
+        self._load_timer = QTimer(self)
+        self._load_timer.setInterval(150)
+        self._load_timer.timeout.connect(self.on_load_tick)
+        self._loads_seen: set[str] = set()
         self.log_handler = LogBridge(self.log_record)
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -82,6 +95,7 @@ class Bridge(QObject):
         """Begin the 1 Hz updates; follow reloads of the host (Settings, or POST /restart)."""
         self.host.on_reload = self.on_host_reloaded
         self._timer.start()
+        self._load_timer.start()
         self.on_tick()
 
     def on_host_reloaded(self) -> None:
@@ -109,24 +123,43 @@ class Bridge(QObject):
         svc = self.host.service
         if svc is None:
             return "stopped"
+        if svc.bench.running:
+            return "benchmarking"
         if svc.status != "ok":
             return svc.status
         if not self.host.serving:
             return "paused"
         return "busy" if (stats or svc.stats())["active_streams"] else "serving"
 
+    def show_state(self, state: str) -> None:
+        """Say `state` now (e.g. loading, before the engine says so); the next tick says what is true."""
+        if state != self._state:
+            self._state = state
+            self.state_changed.emit(state)
+
     def on_tick(self) -> None:
         """One stats snapshot per tick: the state, the panels' charts and tables all read it."""
         svc = self.host.service
         stats = svc.stats() if svc is not None else None
-        state = self.state(stats)
-        if state != self._state:
-            self._state = state
-            self.state_changed.emit(state)
+        self.show_state(self.state(stats))
         if stats is None:
             return
         self.stats_updated.emit(stats)
         self.streams_updated.emit(svc.streams()["streams"])
+
+    def on_load_tick(self) -> None:
+        """Each load in progress, however it started (a request naming an unloaded model too), as
+        load_progress; 1.0 once it ended."""
+        svc = self.host.service
+        loading = set(svc.roster.loading) if svc is not None else set()
+        progress = svc.roster.progress if svc is not None else {}
+        for name in loading:
+            self.load_progress.emit(name, _loading_fraction(progress.get(name, 0.0)))
+        for name in self._loads_seen - loading:
+            self.load_progress.emit(name, 1.0)
+        if loading != self._loads_seen:
+            self._loads_seen = loading
+            self.show_state(self.state())  # a load began or ended: say so now, not at the next second
 
     # ---- reads for the panels (plain data; empty while the host is stopped) ---------------------
 
@@ -230,11 +263,12 @@ class Bridge(QObject):
         name = Path(path).stem
 
         async def go() -> None:
-            self.state_changed.emit("loading")
+            self.show_state("loading")
             try:
-                await self.host.service.roster.add(ModelEntry(name=name, path=path),
-                                                   progress=lambda f: self.load_progress.emit(name, f))
+                await self.host.service.roster.add(ModelEntry(name=name, path=path), progress=lambda f:
+                                                   self.load_progress.emit(name, _loading_fraction(f)))
             finally:
+                self.load_progress.emit(name, 1.0)
                 self.on_tick()
             self.models_changed.emit()
             self.notice.emit(f"loaded {name}")
@@ -247,18 +281,19 @@ class Bridge(QObject):
     def reload_model(self, name: str, settings: dict) -> asyncio.Task:
         """Serve a model again with other per-model settings (ctx, streams, chunk, kv_dtype); saved to the config."""
         return self._loading(name, f"reloaded {name}", self.host.service.roster.reload(
-            name, progress=lambda f: self.load_progress.emit(name, f), **settings))
+            name, progress=lambda f: self.load_progress.emit(name, _loading_fraction(f)), **settings))
 
     def _loading(self, name: str, done: str, work) -> asyncio.Task:
         """Run a load (the awaitable work) with the status bar saying so; its outcome as a notice."""
         async def go() -> None:
-            self.state_changed.emit("loading")
+            self.show_state("loading")
             try:
                 await work
                 self.notice.emit(done)
             except EngineError as e:
                 self.notice.emit(f"{name}: {e.message}")
             finally:
+                self.load_progress.emit(name, 1.0)
                 self.on_tick()
                 self.models_changed.emit()
         return self.spawn(go())
@@ -328,14 +363,33 @@ class Bridge(QObject):
     # ---- benchmark ----------------------------------------------------------------------------
 
     def run_bench(self, model: str | None = None) -> asyncio.Task:
-        """Run the benchmark; bench_done follows with its record."""
+        """Run the benchmark; bench_progress as each test starts, then bench_done with its record."""
+        loop = asyncio.get_event_loop()
+
+        def progress(p: dict) -> None:  # on the scheduler thread
+            loop.call_soon_threadsafe(self.bench_progress.emit, p)
+
         async def go() -> None:
+            bench = self.host.service.bench
             try:
-                self.bench_done.emit(await self.host.service.run_bench(model))
+                m = bench.begin(self.host.service.roster.get(model))
+                self.show_state(self.state())  # "benchmarking" at once
+                record = await bench.finish(m, progress)
             except EngineError as e:
                 self.bench_done.emit({"state": "failed", "error": e.message})
                 raise
+            except Exception as e:  # noqa: BLE001 (llama.cpp failing mid-run: the panel says so)
+                self.bench_done.emit({"state": "failed", "error": str(e)})
+                raise
+            finally:
+                self.show_state(self.state())  # serving again
+            self.bench_done.emit(record)
         return self.spawn(go())
+
+    def cancel_bench(self) -> bool:
+        """Stop the running benchmark at its next decode; bench_done follows (state cancelled)."""
+        svc = self.host.service
+        return svc is not None and svc.bench.cancel()
 
     # ---- settings -----------------------------------------------------------------------------
 
@@ -403,9 +457,22 @@ class Bridge(QObject):
     def apply(self, config: Config) -> asyncio.Task:
         """Reload the server in process with a new configuration (no process restart)."""
         async def go() -> None:
-            self.state_changed.emit("loading")
-            await self.host.reload(config)  # the host's on_reload refreshes the panels
+            self.show_state("loading")
+            try:
+                await self.host.reload(config)  # the host's on_reload refreshes the panels
+            finally:
+                self.on_tick()
             self.notice.emit(f"settings applied; serving on {self.host.url}")
+        return self.spawn(go())
+
+    def save_theme(self, name: str) -> asyncio.Task:
+        """Remember the theme in the config file (the running configuration takes it too)."""
+        config = self.host.config
+
+        async def go() -> None:
+            path = await asyncio.to_thread(config.save, {"theme": name}, True)
+            if path is not None:
+                self.config_saved.emit(str(path))
         return self.spawn(go())
 
     # ---- serving ------------------------------------------------------------------------------
@@ -414,15 +481,52 @@ class Bridge(QObject):
         """Pause or resume the HTTP server (models stay loaded)."""
         async def go() -> None:
             if self.host.serving:
+                self._pin_port()
                 await self.host.pause()
             else:
                 await self.host.resume()
             self.on_tick()
         return self.spawn(go())
 
+    def _pin_port(self) -> None:
+        """A port of 0 ("any free port") becomes the one bound now, so clients find the server again after
+        it listens anew."""
+        if self.host.config.port == 0 and self.host.server is not None:
+            self.host.config.values["port"] = self.host.server.port
+
+    def serve_on_network(self, on: bool) -> asyncio.Task:
+        """Listen on every interface (on) or on loopback only; the models stay loaded. Raises InsecureBind,
+        before anything changes, when that needs an API key and none is set (server/access.py)."""
+        from server.access import check_exposure
+        config = self.host.config
+        bind = "0.0.0.0" if on else "127.0.0.1"
+        check_exposure(dataclasses.replace(config, values={**config.values, "host": bind}))
+
+        async def go() -> None:
+            listening = self.host.serving
+            self._pin_port()
+            await self.host.pause()
+            config.values["host"] = bind
+            if listening:
+                await self.host.resume()
+            self.on_tick()
+            self.notice.emit(f"serving on {'the local network' if on else 'this machine only'}: {self.host.url}"
+                             if listening else f"will serve on {bind} when resumed")
+        return self.spawn(go())
+
+    def start_download(self, name: str) -> str | None:
+        """Queue a catalog entry's download (again, after a failure: it resumes); None, or why it cannot start,
+        for the Catalog panel to show beside the entry."""
+        try:
+            self.host.service.catalog.download(name)
+        except EngineError as e:
+            return e.message
+        return None
+
     async def shutdown(self) -> None:
         """Drain streams (5 s at most), stop the server, free the models."""
         self._timer.stop()
+        self._load_timer.stop()
         self.quitting.emit()
         for task in list(self._chats.values()):
             task.cancel()

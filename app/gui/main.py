@@ -8,22 +8,30 @@ import signal
 import sys
 from pathlib import Path
 
+import platformdirs
 import qasync
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+from PySide6.QtWidgets import QApplication
 
+from app.gui import theme
 from app.gui.audio_io import AudioIO
 from app.gui.bridge import Bridge
 from app.gui.single import InstanceGuard
 from app.gui.tray import Tray
-from app.gui.window import MainWindow
+from app.gui.window import MainWindow, tray_available
 from app.host import Host
-from engine.config import Config
+from engine.config import APP_NAME, Config
 from engine.errors import EngineError
 
 log = logging.getLogger("llamadesk.gui")
 ICON = Path(__file__).resolve().parents[2] / "resources" / "icons" / "llamadesk.svg"
+
+
+def ui_state(config: Config) -> QSettings:
+    """The window's remembered state (notices seen), beside the config file."""
+    folder = config.path.parent if config.path else Path(platformdirs.user_config_dir(APP_NAME))
+    return QSettings(str(folder / "llamadesk-window.ini"), QSettings.Format.IniFormat)
 
 
 class Desktop:
@@ -33,16 +41,25 @@ class Desktop:
         self.host = Host(config, argv, on_shutdown=self.request_quit)
         self.bridge = Bridge(self.host)
         logging.getLogger().addHandler(self.bridge.log_handler)
+        theme.apply(QApplication.instance(), config.theme)
         self.icon = QIcon(str(ICON))
         QApplication.setWindowIcon(self.icon)
         self.audio_io = AudioIO()
-        self.window = MainWindow(self.bridge, self.icon, self.audio_io)
+        self.window = MainWindow(self.bridge, self.icon, self.audio_io, self.request_quit, ui_state(config))
         self.tray = Tray(self.bridge, self.window, self.icon, self.request_quit)
         self.window.tray = self.tray
         self._done: asyncio.Future | None = None
+        self._quitting: asyncio.Task | None = None
 
     async def start(self) -> None:
-        """Serve (falling back to setup mode when the configured model cannot load), then show."""
+        """Show the window at once with its loading page, then serve (falling back to setup mode when the
+        configured model cannot load) and show the panels."""
+        log.info("starting the window")
+        self.window.show_loading([m.name for m in self.host.config.models if m.preload is not False])
+        self.bridge.show_state("loading")
+        self.window.show()
+        if tray_available():
+            self.tray.show()
         log.info("starting the server")
         try:
             await self.host.start()
@@ -51,13 +68,12 @@ class Desktop:
             self.host.config = dataclasses.replace(self.host.config, models=[])
             await self.host.start()
             self.bridge.notice.emit(e.message)
-        log.info("starting the window")
+        if self._quitting is not None:  # Quit came while the models loaded: stop what has just started
+            await self.host.stop()
+            return
         self.bridge.start()
         self.bridge.models_changed.emit()
-        self.window.show_panel("Catalog" if self.bridge.setup_mode else "Dashboard")
-        self.window.show()
-        if QSystemTrayIcon.isSystemTrayAvailable():
-            self.tray.show()
+        self.window.end_loading("Catalog" if self.bridge.setup_mode else "Dashboard")
 
     async def run(self) -> int:
         """Start, then wait until Quit (tray menu, SIGINT, SIGTERM)."""
@@ -66,7 +82,9 @@ class Desktop:
         return await self._done
 
     def request_quit(self) -> None:
-        self.bridge.spawn(self.quit())
+        """Quit once (Ctrl+Q, the menus, closing the window without a tray, SIGINT, SIGTERM, POST /shutdown)."""
+        if self._quitting is None:
+            self._quitting = self.bridge.spawn(self.quit())
 
     async def quit(self) -> None:
         """Drain streams, stop the server, free models; then let run() return 0."""
@@ -84,7 +102,7 @@ def run_gui(config: Config, argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("llamadesk")
     app.setStyle("Fusion")  # follows the system light/dark palette, looks the same on every OS
-    app.setQuitOnLastWindowClosed(False)  # closing the window keeps serving from the tray
+    app.setQuitOnLastWindowClosed(False)  # closing the window keeps serving from the tray, or quits by our path
     guard = InstanceGuard()
     if guard.other_running():
         log.info("llamadesk is already running: asked it to show its window")

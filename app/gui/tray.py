@@ -6,7 +6,7 @@ from PySide6.QtGui import QAction, QColor, QGuiApplication, QIcon, QPainter, QPi
 from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 STATE_COLORS = {"serving": "#2ecc71", "busy": "#f39c12", "loading": "#3498db", "setup": "#9b59b6",
-                "paused": "#95a5a6", "stopped": "#e74c3c"}
+                "benchmarking": "#e67e22", "paused": "#95a5a6", "stopped": "#e74c3c"}
 
 
 def state_icon(base: QIcon, state: str) -> QIcon:

@@ -9,6 +9,7 @@ no `..`, no links or devices), then unpacked into `models_dir/<name>/`.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
 import os
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -181,9 +183,10 @@ class Downloader:
                 if await self._fetch(url, e, d, part, headers):
                     break
             except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as err:
+                d.error = reason(err, url)  # shown while it retries, and as the failure when it gives up
                 if d.attempts > self.retries:
-                    raise DownloadError(f"download of {e.name} failed after {d.attempts} attempts: {err}") from None
-                log.warning("download of %s interrupted (%s); resuming", e.name, err or type(err).__name__)
+                    raise DownloadError(f"{d.error} (tried {d.attempts} times)") from None
+                log.warning("download of %s interrupted (%s); resuming", e.name, d.error)
             await asyncio.sleep(min(self.backoff_s * 2 ** (d.attempts - 1), 30))
 
         self._check(e)
@@ -223,6 +226,7 @@ class Downloader:
                 raise DownloadError(f"{url} sent a range that does not continue the partial file")
             if r.status == 200 and have:
                 have = 0  # the server ignored the Range header: start over
+            d.error = None  # bytes flow again: an earlier attempt's reason is over
             length = r.content_length
             total = have + length if length is not None else e.size
             d.total, d.bytes = total, have
@@ -247,6 +251,27 @@ class Downloader:
             if length is not None and d.bytes < total:
                 raise aiohttp.ClientPayloadError(f"connection closed at {d.bytes} of {total} bytes")
             return True
+
+
+_ERRNO_WORDS = {errno.ECONNREFUSED: "connection refused", errno.ENETUNREACH: "network unreachable",
+                errno.EHOSTUNREACH: "host unreachable", errno.ETIMEDOUT: "timed out",
+                errno.ECONNRESET: "connection reset"}
+
+
+def reason(err: BaseException, url: str) -> str:
+    """Why a request for url did not go through, in words a user reads (from the error's type and errno)."""
+    host = urlsplit(url).hostname or url
+    if isinstance(err, aiohttp.ClientConnectorDNSError):
+        return f"Cannot reach {host}: its name does not resolve (offline?)"
+    if isinstance(err, aiohttp.ClientConnectorError):
+        code = err.os_error.errno
+        words = _ERRNO_WORDS.get(code) or (os.strerror(code).lower() if code else str(err.os_error) or "no connection")
+        return f"Cannot reach {host}: {words}"
+    if isinstance(err, asyncio.TimeoutError):
+        return f"{host} stopped answering (timed out)"
+    if isinstance(err, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, ConnectionError)):
+        return f"{host} dropped the connection"
+    return f"the connection to {host} failed: {err or type(err).__name__}"
 
 
 def _sha256(path: Path) -> str:

@@ -48,6 +48,8 @@ class Entry:
     languages: str = ""
     embedding_dims: int = 0
     for_model: str = ""
+    starter: bool = False  # one of the starter set: small models that show every kind of route working
+    description: str = ""  # one line for people choosing a model (the Catalog panel shows it)
     note: str = ""
     source: str = ""
 
@@ -197,6 +199,12 @@ def describe(e: Entry, models_dir: Path, ctx: int, streams: int, kv_dtype: str, 
     """The entry as /catalog shows it: fields, local state, memory need and fit badge."""
     need = memory_needed(e, ctx, streams, kv_dtype)
     return {**asdict(e), "local": local_state(e, models_dir), "memory_needed": need, "fit": fit_badge(need, box)}
+
+
+def starter_set(entries: list[Entry]) -> tuple[list[Entry], int]:
+    """The entries marked starter, and the bytes downloading all of them takes."""
+    chosen = [e for e in entries if e.starter]
+    return chosen, sum(e.size for e in chosen)
 
 
 def unknown_local_ggufs(entries: list[Entry], models_dir: Path) -> list[dict[str, Any]]:

@@ -57,6 +57,10 @@ class CatalogService:
                 return e
         raise ModelNotFound(f"'{name}' is not in the catalog", "name")
 
+    def starter_set(self) -> tuple[list[cat.Entry], int]:
+        """The starter entries and the bytes downloading them all takes (the Catalog's first-run offer)."""
+        return cat.starter_set(self.entries())
+
     def listing(self) -> dict[str, Any]:
         """Every entry with what is on disk, its fit badge and its download state; the box facts."""
         c = self.config
@@ -69,7 +73,9 @@ class CatalogService:
             d["download"] = downloads[e.name].as_dict() if e.name in downloads else None
             d["served"] = e.name in self.roster.loaded
             out.append(d)
+        starter, starter_bytes = self.starter_set()
         return {"box": box, "models_dir": str(models_dir), "entries": out,
+                "starter_set": {"entries": [e.name for e in starter], "size": starter_bytes},
                 "local": cat.unknown_local_ggufs(self.entries(), models_dir),
                 "pulls": [p.as_dict() for p in self.pulls]}
 

@@ -23,6 +23,29 @@ class RequestState(Enum):
     DONE = "done"
 
 
+@dataclass(frozen=True, eq=False)
+class ImageSpan:
+    """An image in a prompt: the embedding rows its projector made, standing at prompt positions start.. (the
+    prompt holds a placeholder id at each, derived from the image's bytes, so that prefix reuse compares images
+    like tokens). whole: its rows attend to each other both ways and must be decoded in one batch."""
+
+    start: int
+    rows: Any  # numpy float32 (n_pos, n_embd)
+    whole: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.rows)
+
+
+class Prompt(list):
+    """A prompt's ids (list[int]) with the images standing at some of its positions."""
+
+    def __init__(self, ids: list[int], images: tuple[ImageSpan, ...] = ()):
+        super().__init__(ids)
+        self.images = images
+
+
 @dataclass
 class Delta:
     """New text (possibly empty) and the logprobs entry of the token that made it."""
@@ -64,6 +87,7 @@ class Request:
     id: str
     prompt: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    images: tuple[ImageSpan, ...] = ()  # in prompt order; their positions' ids are placeholders
     max_tokens: int = 0
     render_special: bool = False  # keep special tokens' text (tool-call and reasoning markers) for parsing
     sink: Sink | None = None
@@ -94,6 +118,25 @@ class Request:
     @property
     def prompt_left(self) -> int:
         return len(self.prompt) - self.num_cached_tokens
+
+    def image_at(self, pos: int) -> ImageSpan | None:
+        """The image whose rows stand at prompt position pos, if any."""
+        return next((im for im in self.images if im.start <= pos < im.end), None)
+
+    def run_end(self, pos: int) -> int:
+        """Where the text or image run holding pos ends: a prefill slice never crosses one (text rows and image
+        rows go through separate decodes)."""
+        image = self.image_at(pos)
+        if image is not None:
+            return image.end
+        return next((im.start for im in self.images if im.start > pos), len(self.prompt))
+
+    def reusable(self, n: int) -> int:
+        """How much of a cached prefix of n positions may be kept: never part of an image (its placeholder ids
+        are hashes: only all of them matching says it is the same image), so a prefix ending inside one is cut
+        back to its start."""
+        image = self.image_at(n)
+        return image.start if image is not None and image.start < n else n
 
     @property
     def family(self) -> list[Request]:

@@ -1,5 +1,6 @@
 """The mechanism: executes the scheduler's plan for one loaded model each tick (batch build, one
-llama_decode, sampling, detokenization, stop strings) and turns what happened into events.
+llama_decode, one more before it for image rows when an image prefills, sampling, detokenization, stop
+strings) and turns what happened into events.
 
 Everything here runs on the scheduler thread, except `submit` (the event loop appends to the inbox)
 and the read-only `live()` snapshot.
@@ -14,7 +15,7 @@ from typing import Any
 
 from engine.core.promptcache import MIN_TOKENS, PromptCache
 from engine.core.request import Delta, End, Failed, Request, RequestState
-from engine.core.scheduler import Scheduler
+from engine.core.scheduler import Scheduler, Step
 from engine.core.stats import ModelStats
 from engine.core.worker import Outbox
 from engine.errors import EngineError
@@ -54,7 +55,8 @@ class Runner:
     # ---- the tick ------------------------------------------------------------------------------
 
     def step(self, out: Outbox) -> bool:
-        """Run one tick: admit, plan, decode once, sample. Returns False when there was nothing to do.
+        """Run one tick: admit, plan, decode (image rows, then tokens), sample. Returns False when there was nothing
+        to do.
 
         A failure that concerns one request (its sampler, its detokenizer) ends that request alone; a failed
         decode ends the requests of that batch; anything else propagates to the worker, which ends every
@@ -87,6 +89,7 @@ class Runner:
             return False
 
         bctx = self.bctx
+        image_rows = self._decode_images(step, out)
         row = 0
         to_sample: list[tuple[Request, int]] = []
         # Rows in ascending sequence order, as llama-server fills its batches. Measured here: once
@@ -103,20 +106,21 @@ class Runner:
             if completes:
                 to_sample.append((r, row + n - 1))
             row += n
-        bctx.set_threads(compute.begin_decode(self.threads))
-        try:
-            bctx.run(row)
-        except RuntimeError as e:
-            log.error("%s: %s", self.name, e)
-            for r in [*step.decode, *(p for p, _ in step.prefill)]:  # choices waiting on a prompt end with it
-                self._fail(r, out, EngineError(f"decode failed: {e}"))
-            return True
-        finally:
-            compute.end_decode()
-        sched.advance(step)
+        if row:
+            bctx.set_threads(compute.begin_decode(self.threads))
+            try:
+                bctx.run(row)
+            except RuntimeError as e:
+                log.error("%s: %s", self.name, e)
+                for r in [*step.decode, *(p for p, _ in step.prefill)]:  # choices waiting on a prompt end with it
+                    self._fail(r, out, EngineError(f"decode failed: {e}"))
+                return True
+            finally:
+                compute.end_decode()
+        sched.advance(Step(step.decode, step.prefill))
         forked = [(c, row) for r, row in to_sample if r.state is RequestState.PREFILL for c in self._fork(r)]
         self.stats.on_decode(step.streams + len(forked), len(to_sample) + len(forked),
-                             sum(n for _, n in step.prefill))
+                             sum(n for _, n in step.prefill) + image_rows)
         now = time.monotonic()
         for r, row in to_sample + forked:
             try:
@@ -131,6 +135,30 @@ class Runner:
                 self._fail(r, out, EngineError(f"internal error while sampling: {type(e).__name__}"))
         return True
 
+    def _decode_images(self, step: Step, out: Outbox) -> int:
+        """Prefill the step's image rows, before its token batch (whose logits are sampled); returns the rows
+        decoded. A failed decode ends the requests whose rows it held."""
+        if not step.images:
+            return 0
+        slices, whole = [], False
+        for r, n in step.images:
+            start = r.num_cached_tokens
+            image = r.image_at(start)
+            slices.append((r.seq, image.rows[start - image.start:start - image.start + n], start))
+            whole |= image.whole  # one projector per model: all its images are alike
+        self.bctx.set_threads(compute.begin_decode(self.threads))
+        try:
+            self.bctx.run_rows(slices, non_causal=whole)
+        except RuntimeError as e:
+            log.error("%s: %s", self.name, e)
+            for r, _ in step.images:
+                self._fail(r, out, EngineError(f"decode failed: {e}"))
+            return 0
+        finally:
+            compute.end_decode()
+        self.scheduler.advance(Step([], [], step.images))
+        return sum(n for _, n in step.images)
+
     def _admitted(self, r: Request, keep: int, held: list[int]) -> None:
         """r took a sequence that held `held`, of which it keeps `keep` tokens: save the rest of that
         conversation to the host-RAM cache before the cells are cut, then take the best of what the sequence
@@ -139,9 +167,9 @@ class Runner:
         if len(held) - keep >= MIN_TOKENS:
             self._save(r.seq, held)  # before keep_prefix drops the rest
         found = cache.best(r.prompt) if cache is not None and cache.enabled else None
-        if found is not None and min(found[1], len(r.prompt) - 1) >= keep + MIN_TOKENS:
+        if found is not None and r.reusable(min(found[1], len(r.prompt) - 1)) >= keep + MIN_TOKENS:
             entry, n = found
-            n = min(n, len(r.prompt) - 1)
+            n = r.reusable(min(n, len(r.prompt) - 1))
             from_disk = entry.state is None
             state = cache.state_of(entry)  # read from disk the first time after a restart; None: a bad file
             if state is not None and self.bctx.restore_seq(r.seq, state) and self.bctx.keep_prefix(r.seq, n):

@@ -6,7 +6,7 @@ back with `advance()`. Tested with a fake runner in tests/engine/test_scheduler.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.core.prefixindex import common_length
 from engine.core.request import Request, RequestState
@@ -14,18 +14,20 @@ from engine.core.request import Request, RequestState
 
 @dataclass
 class Step:
-    """One tick's plan: one token for each decoding request, and prompt slices to prefill."""
+    """One tick's plan: one token for each decoding request, prompt slices of tokens to prefill, and slices of
+    image rows to prefill (their own decode: a batch holds either token ids or embeddings)."""
 
     decode: list[Request]
     prefill: list[tuple[Request, int]]
+    images: list[tuple[Request, int]] = field(default_factory=list)
 
     @property
     def n_tokens(self) -> int:
-        return len(self.decode) + sum(n for _, n in self.prefill)
+        return len(self.decode) + sum(n for _, n in self.prefill) + sum(n for _, n in self.images)
 
     @property
     def streams(self) -> int:
-        return len(self.decode) + len(self.prefill)
+        return len(self.decode) + len(self.prefill) + len(self.images)
 
 
 common_prefix = common_length  # of two token lists (slice compares in C, not a loop per token)
@@ -70,7 +72,7 @@ class Scheduler:
         while self.waiting and len(self.free_seqs) >= len(self.waiting[0].family):
             r = self.waiting.popleft()
             best = max(self.free_seqs, key=lambda q: common_prefix(self.seq_tokens[q], r.prompt))
-            keep = min(common_prefix(self.seq_tokens[best], r.prompt), len(r.prompt) - 1)
+            keep = r.reusable(min(common_prefix(self.seq_tokens[best], r.prompt), len(r.prompt) - 1))
             self._take(r, best)
             held = list(self.seq_tokens[best])
             del self.seq_tokens[best][keep:]
@@ -100,7 +102,7 @@ class Scheduler:
         best, best_n = -1, max(r.num_cached_tokens, MIN_SHARE - 1)
         for q in range(self.n_seq):
             if q != r.seq:
-                n = min(common_prefix(self.seq_tokens[q], r.prompt), limit)
+                n = r.reusable(min(common_prefix(self.seq_tokens[q], r.prompt), limit))
                 if n > best_n:
                     best, best_n = q, n
         return (best, best_n) if best >= 0 else None
@@ -123,32 +125,42 @@ class Scheduler:
             if p is r:
                 return False  # only earlier requests: no two ever wait for each other
             if p.state is RequestState.PREFILL and p.parent is None:
-                n = min(common_prefix(p.prompt, r.prompt), len(r.prompt) - 1)
+                n = r.reusable(min(common_prefix(p.prompt, r.prompt), len(r.prompt) - 1))
                 if n >= MIN_SHARE and n > have and p.num_cached_tokens < n:
                     return True
         return False
 
     def schedule(self) -> Step:
         """Plan the next decode: every decoding request, plus prompt slices within the chunk budget (choices
-        waiting for their first one's prompt, and requests waiting for a shared prefix, prefill nothing)."""
+        waiting for their first one's prompt, and requests waiting for a shared prefix, prefill nothing). A
+        slice ends where the prompt's text or image run does; an image that must be decoded whole waits for a
+        tick with room for all of it."""
         decode = [r for r in self.running if r.state is RequestState.DECODE]
-        prefill = []
+        prefill, images = [], []
         budget = self.chunk
         for r in self.running:
             if budget <= 0:
                 break
             if r.state is RequestState.PREFILL and r.parent is None and not self.waits_for_prefix(r):
-                n = min(r.prompt_left, budget)
-                prefill.append((r, n))
+                start = r.num_cached_tokens
+                run = r.run_end(start) - start
+                n = min(run, budget)
+                image = r.image_at(start)
+                if image is None:
+                    prefill.append((r, n))
+                elif image.whole and n < run:
+                    continue
+                else:
+                    images.append((r, n))
                 budget -= n
-        return Step(decode, prefill)
+        return Step(decode, prefill, images)
 
     def advance(self, step: Step) -> None:
-        """Record that step was decoded: the fed tokens are now in each sequence's KV."""
+        """Record that step was decoded: the fed tokens and image rows are now in each sequence's KV."""
         for r in step.decode:
             self.seq_tokens[r.seq].append(r.generated[-1])
             r.num_cached_tokens += 1
-        for r, n in step.prefill:
+        for r, n in [*step.prefill, *step.images]:
             start = r.num_cached_tokens
             self.seq_tokens[r.seq].extend(r.prompt[start:start + n])
             r.num_cached_tokens += n

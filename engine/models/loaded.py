@@ -22,6 +22,7 @@ from engine.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError,
 from engine.llama import BatchContext, EmbedContext, LlamaModel, RankContext, SamplerChain
 from engine.requests import SamplingParams
 from engine.text import StopMatcher
+from engine.vision import Projector
 
 log = logging.getLogger("llamadesk.engine")
 MAX_TEMPLATE_BYTES = 1 << 20  # a chat template file is Jinja text; the largest real ones are ~20 KB
@@ -69,6 +70,7 @@ class ModelSettings:
     cache_ram: int = 0  # bytes of host-RAM prompt cache (0: off)
     cache_disk: int = 0  # bytes of it kept on disk across restarts (0: off)
     cache_dir: Path | None = None  # where: a folder per model file and KV type is made below it
+    image_mmproj: str | None = None  # a vision projector GGUF: chat messages may hold images
 
 
 class LoadedModel:
@@ -81,6 +83,8 @@ class LoadedModel:
         self.model = LlamaModel(path, settings.gpu, progress)
         self.state = "loading"
         self.embedding_only = self.model.is_embedding_model
+        self.projector = self._projector(settings)
+        self.vision = self.projector is not None  # chat takes image_url parts (/v1/models: capabilities)
         self.ctx = min(settings.ctx, self.model.n_ctx_train) if self.model.n_ctx_train > 0 else settings.ctx
         source = read_chat_template(settings.chat_template) if settings.chat_template else self.model.chat_template
         self.template = ChatTemplate(source, self.model.token_text(self.model.bos_id),
@@ -107,6 +111,27 @@ class LoadedModel:
         self.created = int(time.time())
         self.state = "ready"
 
+    def _projector(self, settings: ModelSettings) -> Projector | None:
+        """The vision projector the settings name (loaded beside the weights), or None."""
+        if not settings.image_mmproj:
+            return None
+        try:
+            if self.embedding_only:
+                raise ModelLoadError(f"model '{self.id}' is an embedding model: it takes no image_mmproj")
+            return Projector(Path(settings.image_mmproj).expanduser(), self.model, settings.threads, settings.gpu)
+        except BaseException:
+            self.model.free()
+            raise
+
+    def image_prompt(self, text: str, messages: list[dict[str, Any]], add_bos: bool) -> list[int]:
+        """The prompt of rendered chat text holding a media marker per image of messages: its images encoded
+        and placed (blocking: a prep thread); UnsupportedByModel when the model has no vision projector."""
+        if self.projector is None:
+            raise UnsupportedByModel(f"model '{self.id}' has no vision: it was loaded without a projector "
+                                     "(image_mmproj in its roster entry, --image-mmproj for --model), so it cannot "
+                                     "take image_url parts", "messages")
+        return self.projector.prompt(text, messages, add_bos)
+
     # ---- admission (event loop) ------------------------------------------------------------------
 
     def make_request(self, request_id: str, prompt: list[int], sampling: SamplingParams,
@@ -130,8 +155,13 @@ class LoadedModel:
                 f"this model's context is {self.ctx} tokens per stream, but {n + wanted} were requested "
                 f"({n} in the prompt, {wanted} for the completion)", "max_tokens")
         self.check_sampling(sampling)
+        images = getattr(prompt, "images", ())
+        too_big = next((im for im in images if im.whole and len(im.rows) > self.settings.chunk), None)
+        if too_big is not None:  # it could never be scheduled: such an image prefills in one decode
+            raise InvalidRequest(f"an image takes {len(too_big.rows)} positions, more than the {self.settings.chunk} "
+                                 f"model '{self.id}' prefills at once (its chunk): raise chunk", "messages")
         return Request(id=request_id, prompt=prompt, sampling=sampling, max_tokens=min(wanted, room),
-                       render_special=render_special, stops=StopMatcher(sampling.stop))
+                       render_special=render_special, stops=StopMatcher(sampling.stop), images=images)
 
     def check_tokens(self, tokens: list[int], param: str) -> None:
         """400 unless every token id is in this model's vocabulary."""
@@ -254,7 +284,7 @@ class LoadedModel:
         return {"path": str(m.path), "file_size": m.file_size, "arch": m.arch, "quant": m.quant(),
                 "params": m.n_params, "n_ctx_train": m.n_ctx_train, "description": m.description,
                 "embedding_only": self.embedding_only, "reranker": m.is_reranker, "chunk": self.settings.chunk,
-                "kv_dtype": self.settings.kv_dtype}
+                "kv_dtype": self.settings.kv_dtype, "vision": self.vision}
 
     def free(self) -> None:
         """Release every native object of the model (scheduler thread, after all its requests ended)."""
@@ -265,5 +295,7 @@ class LoadedModel:
             self._ectx.free()
         if self._rctx:
             self._rctx.free()
+        if self.projector is not None:
+            self.projector.free()
         self.model.free()
         self.state = "unloaded"

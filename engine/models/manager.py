@@ -102,12 +102,15 @@ class ModelManager:
                              tool_format=entry.tool_format, kv_unified=_either(entry.kv_unified, c.kv_unified),
                              cache_ram=cache_ram_bytes(_either(entry.cache_ram, c.cache_ram)),
                              cache_disk=_either(entry.cache_disk, c.cache_disk) << 20,
-                             cache_dir=Path(platformdirs.user_cache_dir(APP_NAME)) / "prompt-cache")
+                             cache_dir=Path(platformdirs.user_cache_dir(APP_NAME)) / "prompt-cache",
+                             image_mmproj=entry.image_mmproj)
 
     def load_all(self) -> None:
         """Load the roster entries that load at start (blocking; before the scheduler starts, or from a worker
         thread); the others (preload = false) are loaded by the first request that names them."""
         for entry in self.config.models:
+            if entry.remote:  # served elsewhere (server/remote.py relays it); nothing to load
+                continue
             if entry.default or self.default_id is None:
                 self.default_id = entry.name
             if entry.preload is False:
@@ -147,8 +150,9 @@ class ModelManager:
 
     def available(self) -> dict[str, ModelEntry]:
         """Every model this server can serve by name: roster entries first, then the catalog's downloads and
-        the GGUFs in models_dir (a name the roster has is the roster's)."""
-        out = {e.name: e for e in self.config.models}
+        the GGUFs in models_dir (a name the roster has is the roster's). Remote entries are not among them:
+        another server serves those."""
+        out = {e.name: e for e in self.config.models if not e.remote}
         for e in self.discover():
             out.setdefault(e.name, e)
         return out
@@ -183,6 +187,9 @@ class ModelManager:
             return m
         if name not in self.loading:
             entry = self.available().get(name)
+            if entry is None and self._is_remote(name):
+                raise ModelNotFound(f"The model '{name}' is served by a remote backend (backend = \"remote\"), "
+                                    "which this route does not relay", "model")
             if entry is None:
                 names = sorted(self.available()) or sorted(self.loaded)
                 raise ModelNotFound(f"The model '{name}' does not exist; available: {', '.join(names) or 'none'}",
@@ -193,6 +200,9 @@ class ModelManager:
             self.loading[name] = asyncio.ensure_future(self._load(entry, on_demand=True))
             self.loading[name].add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
         return await asyncio.shield(self.loading[name])
+
+    def _is_remote(self, name: str) -> bool:
+        return any(e.remote and e.name == name for e in self.config.models)
 
     def activate(self, name: str) -> LoadedModel:
         """Route requests that name no model to this one (404 for a model not loaded); the roster says so."""
@@ -218,6 +228,9 @@ class ModelManager:
             raise Conflict(f"model '{entry.name}' is already loading")
         if entry.name in self.loaded:
             raise Conflict(f"a model named '{entry.name}' is already loaded")
+        if entry.remote or self._is_remote(entry.name):
+            raise Conflict(f"'{entry.name}' names a remote model in the roster; a model loaded here needs a name "
+                           "of its own")
         fut = self.loading[entry.name] = asyncio.ensure_future(self._load(entry, on_demand=False, progress=progress))
         m = await asyncio.shield(fut)
         if make_default or self.default_id is None:

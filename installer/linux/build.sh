@@ -1,20 +1,34 @@
 #!/usr/bin/env bash
-# Linux bundle: PyInstaller one-folder build -> dist/llamadesk-<version>-linux-<arch>.tar.gz, then a
-# smoke test that starts the built executable with --no-gui and drives it over HTTP.
-# Usage: installer/linux/build.sh [--portable]   (--portable rebuilds llama-cpp-python with runtime
-# CPU-variant dispatch first; without it the bundle carries this machine's native build)
+# Linux bundle: the PyInstaller one-folder build with the portable llama-cpp-python wheel of a variant
+# (installer/wheel.sh: every CPU class; vulkan and cuda add that GPU backend), smoke-tested headless, then packed
+# as dist/llamadesk-<version>-linux-<arch>[-<variant>].tar.gz and, where appimagetool is at hand, an AppImage.
+# Usage: installer/linux/build.sh [--variant cpu|vulkan|cuda] [--appimage|--no-appimage] [--models DIR]
+#   --appimage: fail without appimagetool (default: make the AppImage only when it is found)
+#   --models DIR: the starter set's files for the smoke test, made there when missing (default: the test assets
+#   when prepared, else the starter set of `make run`; installer/smoke_models.py)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-make -s .venv/.installed
-BIN=.venv/bin
-$BIN/pip install -q "pyinstaller>=6.5"
-if [ "${1:-}" = "--portable" ]; then
-  CMAKE_ARGS="-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF" \
-    $BIN/pip install --force-reinstall --no-deps --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
+VARIANT=cpu APPIMAGE=auto MODELS=${SMOKE_MODELS:-}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --variant) VARIANT=$2; shift 2 ;;
+    --appimage) APPIMAGE=yes; shift ;;
+    --no-appimage) APPIMAGE=no; shift ;;
+    --models) MODELS=$2; shift 2 ;;
+    *) sed -n 's/^# Usage: /usage: /p' "$0" >&2; exit 2 ;;
+  esac
+done
+installer/pyinstaller.sh "$VARIANT"
+PY=build/bundle-venv/bin/python
+MODELS=$($PY installer/smoke_models.py ${MODELS:+"$MODELS"})
+installer/smoke_test.sh dist/llamadesk/llamadesk --models "$MODELS"
+
+VERSION=$($PY -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['version'])")
+NAME=llamadesk-$VERSION-linux-$(uname -m)$([ "$VARIANT" = cpu ] || echo "-$VARIANT")
+tar -C dist -czf "dist/$NAME.tar.gz" llamadesk
+if [ "$APPIMAGE" = yes ] || { [ "$APPIMAGE" = auto ] && command -v "${APPIMAGETOOL:-appimagetool}" >/dev/null; }; then
+  installer/linux/appimage.sh dist/llamadesk "dist/$NAME.AppImage"
+else
+  echo "no AppImage: appimagetool not found (APPIMAGETOOL names it; installer/linux/appimage.sh says why)"
 fi
-$BIN/pyinstaller --noconfirm --clean build_spec.spec
-VERSION=$($BIN/python -c "import engine.service as s; print(s.VERSION)")
-ARCH=$(uname -m)
-tar -C dist -czf "dist/llamadesk-$VERSION-linux-$ARCH.tar.gz" llamadesk
-installer/smoke_test.sh dist/llamadesk/llamadesk
-echo "built dist/llamadesk-$VERSION-linux-$ARCH.tar.gz"
+du -sh dist/llamadesk dist/"$NAME".*

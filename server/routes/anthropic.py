@@ -19,7 +19,7 @@ from engine.tools import Event, ReplyReader, assemble
 from server import schemas, sse
 from server.errors import anthropic_error_event
 from server.keys import SERVICE
-from server.schemas import _TOOL_NAME, Fields, read_json
+from server.schemas import _TOOL_NAME, read_json
 from server.shapes import Closed, Shape, documents, parse
 
 routes = web.RouteTableDef()
@@ -294,7 +294,7 @@ def _tools(body: CountTokensRequest) -> tuple[list[dict] | None, Any, bool]:
     tools = [{"type": "function", "function": {"name": t.name, "parameters": t.input_schema,
                                                **({"description": t.description} if t.description else {})}}
              for t in body.tools or []] or None
-    schemas.tools_field(Fields({"tools": tools}, "messages"))
+    schemas.tools_field(tools)
     c = body.tool_choice
     if c is None:
         return tools, None, True

@@ -182,7 +182,8 @@ async def get_config(request: web.Request) -> web.Response:
         if report[key]["value"]:
             report[key]["value"] = "***"
     return web.json_response({"path": str(cfg.path) if cfg.path else None, "keys": report,
-                              "models": [dataclasses.asdict(m) for m in cfg.models]})
+                              "models": [{**dataclasses.asdict(m), **({"api_key": "***"} if m.api_key else {})}
+                                         for m in cfg.models]})  # a remote model's key, shown as *** too
 
 
 @routes.post("/config")

@@ -37,7 +37,7 @@ def openapi(app: web.Application) -> dict[str, Any]:
         if params:
             op["parameters"] = [{"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
                                 for p in params]
-        if method in ("POST", "PUT", "PATCH"):
+        if method in ("POST", "PUT", "PATCH") or (method == "DELETE" and shape is not None):  # Ollama's delete
             op["requestBody"] = _body(path, refs.get((shape, "validation")) if shape else None)
         paths.setdefault(path, {})[method.lower()] = op
     return {"openapi": "3.1.0",

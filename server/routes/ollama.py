@@ -1,69 +1,269 @@
 """The Ollama API (/api/*) on the same engine, templates, tool parsers, grammars and reasoning split as
 chat completions: a translation layer, no second engine path. Errors come in Ollama's shape {"error": "..."}
-(server/errors.py answers so for every /api/ path)."""
+(server/errors.py answers so for every /api/ path). Model names are ours, or Ollama's `name:latest` for them;
+pulling, copying, creating and deleting models works on the roster (server/ollama_models.py)."""
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from engine.chat import ROLES
 from engine.errors import EngineError, InvalidRequest
 from engine.models.tenancy import parse_keep_alive
 from engine.requests import KEEP, ChatRequest, CompletionRequest, SamplingParams
 from engine.system import VERSION
 from engine.tools import ReplyReader, assemble
-from server import schemas
+from server import ollama_models
+from server.access import loopback_only
 from server.keys import SERVICE
-from server.schemas import Fields, read_json
+from server.schemas import (ChatTool, MinP, Penalty, RepeatPenalty, Stop, Temperature, TopK, TopP,
+                            read_json, sampling_params)
+from server.shapes import NonEmpty, Shape, documents, log_ignored, parse, refuse
 
 routes = web.RouteTableDef()
-# Ollama's options and the sampling fields they are (num_ctx, num_thread and the like shape a loaded model:
-# they are read from the roster, not per request, and are logged as ignored)
-OPTIONS = {"temperature": ("temperature", float), "top_p": ("top_p", float), "top_k": ("top_k", int),
-           "min_p": ("min_p", float), "num_predict": ("max_tokens", int), "stop": ("stop", (str, list)),
-           "seed": ("seed", int), "repeat_penalty": ("repeat_penalty", float),
-           "presence_penalty": ("presence_penalty", float), "frequency_penalty": ("frequency_penalty", float)}
+
+
+# ---- the request shapes ---------------------------------------------------------------------------------
+
+class OllamaOptions(Shape):
+    """Ollama's "options": the sampling fields, bounded as chat completions' are. num_ctx, num_thread and the like
+    shape a loaded model: they are the roster's (POST /api/create), not a request's, and are logged as ignored."""
+
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    num_predict: int | None = None  # the most tokens to generate; negative: until the model stops
+    stop: Stop | None = None
+    seed: int | None = None
+    repeat_penalty: RepeatPenalty | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1, le=1 << 20)] | None = None  # tokens the penalties look back on
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+
+    @field_validator("num_predict")
+    @classmethod
+    def _a_count(cls, n: int | None) -> int | None:
+        if n == 0:
+            raise refuse("must be a number of tokens (or negative: until the model stops), got 0")
+        return n
+
+    def sampling(self) -> SamplingParams:
+        """The options as the engine's SamplingParams (the ones it has no use for logged once)."""
+        log_ignored(self.model_extra or {}, "ollama.options")
+        return sampling_params({
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+            "max_tokens": self.num_predict if self.num_predict and self.num_predict > 0 else None,
+            "stop": self.stop, "seed": self.seed, "repeat_penalty": self.repeat_penalty,
+            "penalty_last_n": self.repeat_last_n, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty})
+
+
+class OllamaCalledFunction(Shape):
+    name: NonEmpty
+    arguments: dict[str, Any] | str = {}  # an object, as Ollama sends it
+
+
+class OllamaToolCall(Shape):
+    function: OllamaCalledFunction
+
+
+class OllamaMessage(Shape):
+    """A chat message as Ollama sends it (other fields go to the chat template as they are)."""
+
+    role: Literal[ROLES]
+    content: str | None = None
+    tool_calls: list[OllamaToolCall] | None = None  # arguments as objects
+    tool_name: str | None = None  # a tool message: the tool whose result it is
+    thinking: str | None = None  # an earlier reply's reasoning: not replayed to the template
+    images: list[Any] | None = None  # refused until vision exists
+
+    def as_chat(self, i: int) -> dict[str, Any]:
+        """The message in chat-completions form (calls with ids and JSON-string arguments, the tool's name)."""
+        if self.images:
+            raise InvalidRequest(f"messages[{i}].images: images are not supported yet", "messages")
+        msg = self.model_dump(exclude_unset=True, exclude={"thinking", "images", "tool_calls", "tool_name"})
+        if self.tool_name is not None:
+            msg["name"] = self.tool_name
+        if self.tool_calls is not None:
+            msg["tool_calls"] = [{"id": f"call_{i}_{j}", "type": "function", "function": {
+                "name": c.function.name, "arguments": c.function.arguments if isinstance(c.function.arguments, str)
+                else json.dumps(c.function.arguments, ensure_ascii=False)}} for j, c in enumerate(self.tool_calls)]
+        return msg
+
+
+Format = Literal["", "json"] | dict[str, Any]  # "json", or a JSON schema the reply follows
+
+
+class _KeepAlive(Shape):
+    keep_alive: float | str | None = None  # seconds or a duration ("5m"); 0: unload when done; negative: keep
+
+    def keep(self) -> Any:
+        """The engine's keep_alive (KEEP: the model's time-to-live stands)."""
+        return KEEP if self.keep_alive is None else parse_keep_alive(self.keep_alive)
+
+
+class _Generating(_KeepAlive):
+    """What chat and generate share."""
+
+    model: NonEmpty
+    stream: bool = True  # Ollama streams NDJSON unless told otherwise
+    options: OllamaOptions | None = None
+    format: Format | None = None
+
+    def sampling(self) -> SamplingParams:
+        """The request's options as the engine's SamplingParams."""
+        return (self.options or OllamaOptions()).sampling()
+
+    def output(self) -> dict[str, Any] | None:
+        """The engine's output spec for "format"."""
+        if self.format == "json":
+            return {"type": "json_object"}
+        return {"type": "json_schema", "schema": self.format} if isinstance(self.format, dict) else None
+
+
+class OllamaChatRequest(_Generating):
+    """POST /api/chat."""
+
+    messages: list[OllamaMessage] = []  # none: load the model (or with keep_alive 0, unload it)
+    tools: list[ChatTool] | None = None
+    think: bool | Literal["low", "medium", "high"] | None = None  # a level turns thinking on
+
+    def chat(self, model: str) -> ChatRequest:
+        """The engine's ChatRequest for model (our id for the name the request gave)."""
+        kwargs = {"enable_thinking": bool(self.think)} if self.think is not None else {}
+        return ChatRequest(model, [m.as_chat(i) for i, m in enumerate(self.messages)], self.sampling(),
+                           template_kwargs=kwargs, tools=[t.as_dict() for t in self.tools] if self.tools else None,
+                           response_format=self.output(), keep_alive=self.keep())
+
+
+class OllamaGenerateRequest(_Generating):
+    """POST /api/generate: a prompt through the chat template (with "system"), or as it is with "raw"."""
+
+    prompt: str = ""  # empty: load the model (or with keep_alive 0, unload it)
+    system: str | None = None
+    raw: bool = False
+    images: list[Any] | None = None  # refused until vision exists
+
+
+class OllamaEmbedRequest(_KeepAlive):
+    """POST /api/embed."""
+
+    model: NonEmpty
+    input: str | Annotated[list[str], Field(min_length=1)]
+
+
+class OllamaEmbeddingsRequest(_KeepAlive):
+    """POST /api/embeddings (the legacy route)."""
+
+    model: NonEmpty
+    prompt: NonEmpty
+
+
+class OllamaShowRequest(Shape):
+    """POST /api/show (model; "name" is the older field)."""
+
+    model: NonEmpty | None = None
+    name: NonEmpty | None = None
+
+    def named(self) -> str:
+        """The model asked about (400 when neither field names one)."""
+        if not (self.model or self.name):
+            raise InvalidRequest("'model' is required", "model")
+        return self.model or self.name
+
+
+_MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$"
+
+
+def _usable_model_name(name: str) -> str:
+    if not re.fullmatch(_MODEL_NAME, name):
+        raise refuse(f"must be 1 to 200 letters, digits and _ . : / @ + - (starting with a letter or digit), got "
+                     f"{name[:80]!r}")
+    return name
+
+
+ModelName = Annotated[str, Field(json_schema_extra={"pattern": _MODEL_NAME}), AfterValidator(_usable_model_name)]
+
+
+class OllamaPullRequest(Shape):
+    """POST /api/pull: hf.co/{owner}/{repo}[:QUANT] (or owner/repo[:QUANT], repo/file.gguf), or a catalog entry."""
+
+    model: Annotated[str, Field(min_length=1, max_length=400)]
+    stream: bool = True  # NDJSON progress lines; false: one object when done
+    insecure: bool | None = None  # accepted: the hub is reached over HTTPS (or HF_ENDPOINT) either way
+
+
+class OllamaCopyRequest(Shape):
+    """POST /api/copy: another roster name for a model."""
+
+    source: NonEmpty
+    destination: ModelName
+
+
+class OllamaDeleteRequest(Shape):
+    """DELETE /api/delete."""
+
+    model: NonEmpty
+
+
+class CreateParameters(Shape):
+    """The Modelfile parameters a roster entry has keys for (anything else is a 400 naming it)."""
+
+    num_ctx: int | None = None  # the entry's ctx
+    num_batch: int | None = None  # the entry's chunk: the largest prefill slice per step
+
+    def settings(self) -> dict[str, Any]:
+        """The roster keys and values (bounds are the roster's: checked with the new entry)."""
+        for k in self.model_extra or {}:
+            raise InvalidRequest(f"'parameters.{k}' has no roster setting here (only "
+                                 f"{', '.join(ollama_models.MODELFILE_KEYS)}); send it in each request's options",
+                                 "parameters")
+        given = self.model_dump(exclude_none=True, exclude=set(self.model_extra or {}))
+        return {ollama_models.MODELFILE_KEYS[k]: v for k, v in given.items()}
+
+
+class OllamaCreateRequest(Shape):
+    """POST /api/create: a new roster entry from an existing model, with its own chat template and settings."""
+
+    model: ModelName
+    from_: NonEmpty = Field(alias="from")  # the model it starts from
+    template: NonEmpty | None = None  # a Jinja chat template (not Ollama's Go template syntax)
+    parameters: CreateParameters | None = None
+    stream: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _supported(cls, body: Any) -> Any:
+        """400 for a field of Ollama's no roster key holds (before it is logged as one merely ignored)."""
+        for field in sorted(_UNSUPPORTED.keys() & (body.keys() if isinstance(body, dict) else set())):
+            if body[field] is not None:
+                raise InvalidRequest(f"'{field}' is not supported here: {_UNSUPPORTED[field]}", field)
+        return body
+
+    def settings(self) -> dict[str, Any]:
+        """The new entry's roster settings (400 for a parameter no roster key holds)."""
+        return self.parameters.settings() if self.parameters else {}
+
+
+_UNSUPPORTED = {  # Ollama's create fields no roster key holds, and what to do instead
+    "system": "a model's default system prompt has no roster key yet; send a system message with each chat",
+    "messages": "a model's preset conversation has no roster key; send the messages with each chat",
+    "files": "a model is created from an existing one ('from'); pull or import a GGUF to add one",
+    "adapters": "LoRA adapters are not served",
+    "quantize": "models are not requantized here; pull the quant you want (hf.co/owner/repo:QUANT)",
+}
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _sampling(f: Fields) -> SamplingParams:
-    """Ollama's "options" object as the engine's sampling fields (checked like chat completions')."""
-    opts = f.get("options", dict, {})
-    body: dict[str, Any] = {}
-    for name, (field, _) in OPTIONS.items():
-        if name in opts:
-            body[field] = opts[name]
-    if body.get("max_tokens") is not None and body["max_tokens"] < 0:  # -1: until the model stops
-        body.pop("max_tokens")
-    if "repeat_last_n" in opts:
-        body["_last_n"] = opts["repeat_last_n"]
-    inner = Fields(body, "ollama.options")
-    sp = schemas.sampling_params(inner)
-    last_n = inner.get("_last_n", int, lo=-1, hi=1 << 20)
-    if last_n is not None:
-        sp.penalty_last_n = last_n
-    ignored = sorted(set(opts) - set(OPTIONS) - {"repeat_last_n"})
-    if ignored:
-        Fields({k: opts[k] for k in ignored}, "ollama.options").log_ignored()
-    return sp
-
-
-def _format(f: Fields) -> dict | None:
-    """Ollama's "format": "json" or a JSON schema, as the engine's output spec."""
-    fmt = f.get("format", (str, dict))
-    if fmt is None or fmt == "":
-        return None
-    if fmt == "json":
-        return {"type": "json_object"}
-    if isinstance(fmt, dict):
-        return {"type": "json_schema", "schema": fmt}
-    raise InvalidRequest(f"'format' must be \"json\" or a JSON schema object, got {fmt!r}", "format")
 
 
 def _durations(gen, t0: float) -> dict[str, Any]:
@@ -83,32 +283,6 @@ def _calls(calls: list[dict]) -> list[dict]:
             args = {}
         out.append({"function": {"name": c["name"], "arguments": args if isinstance(args, dict) else {}}})
     return out
-
-
-def _messages(raw: list) -> list[dict]:
-    """Ollama messages (tool_calls arguments as objects, "thinking") as chat-completions messages."""
-    out = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object", "messages")
-        if m.get("images"):
-            raise InvalidRequest(f"messages[{i}].images: images are not supported yet", "messages")
-        m = {k: v for k, v in m.items() if k not in ("thinking", "images")}
-        calls = m.get("tool_calls")
-        if isinstance(calls, list):  # Ollama's {"function": {"name", "arguments": {...}}} as OpenAI's calls
-            m["tool_calls"] = [_openai_call(c, i, j) for j, c in enumerate(calls)]
-        out.append(m)
-    schemas.check_messages(out)  # the same 400s, naming the field, as chat completions
-    return out
-
-
-def _openai_call(c: Any, i: int, j: int) -> Any:
-    fn = c.get("function") if isinstance(c, dict) else None
-    if not isinstance(fn, dict):
-        return c  # malformed: check_messages names it
-    args = fn.get("arguments", {})
-    return {"id": f"call_{i}_{j}", "type": "function",
-            "function": {"name": fn.get("name"), "arguments": args if isinstance(args, str) else json.dumps(args)}}
 
 
 def _line(obj: dict) -> bytes:
@@ -156,13 +330,14 @@ def _details(m: dict) -> dict:
 
 
 def _llms(request: web.Request) -> list[dict]:
-    return [m for m in request.app[SERVICE].models() if m.get("kind") in ("llm", "embedding")]
-
-
-def _keep_alive(f: Fields):
-    """The request's keep_alive (Ollama: seconds or a duration; 0 unloads when done, negative keeps)."""
-    raw = f.get("keep_alive", (int, float, str))
-    return KEEP if raw is None else parse_keep_alive(raw)
+    """The language and embedding models, as `ollama list` counts them: a GGUF in models_dir that a roster entry
+    serves (a pull's file under the name it was pulled by) is listed once, by the roster's name."""
+    svc = request.app[SERVICE]
+    rostered = {e.name for e in svc.config.models}
+    files = ollama_models.rostered_files(svc)
+    return [m for m in svc.models() if m.get("kind") in ("llm", "embedding")
+            and (m["id"] in rostered or m["state"] == "loaded" or not ollama_models.is_rostered_file(m.get("path"),
+                                                                                                   files))]
 
 
 def _iso(t: float) -> str:
@@ -192,42 +367,42 @@ async def ps(request: web.Request) -> web.Response:
     return web.json_response({"models": out})
 
 
+def _parameters(m) -> str:
+    """The model's settings as Modelfile PARAMETER lines."""
+    return f"num_ctx {m.ctx}\nnum_batch {m.settings.chunk}"
+
+
+@documents("POST", "/api/show", "A model's template, capabilities and details (Ollama)", OllamaShowRequest)
 @routes.post("/api/show")
 async def show(request: web.Request) -> web.Response:
-    f = Fields(await read_json(request), "ollama.show")
-    name = f.get("model", str) or f.get("name", str)
-    f.log_ignored()
+    """The model's details, capabilities and chat template (an unloaded model is loaded first)."""
+    body = parse(OllamaShowRequest, await read_json(request), "ollama.show")
     svc = request.app[SERVICE]
-    loaded = svc.roster.get(name)  # 404 for a model not served
-    info = next(m for m in svc.models() if m["id"] == loaded.id)
+    async with svc.roster.lease(ollama_models.resolve(svc, body.named())) as loaded:
+        info = next(m for m in svc.models() if m["id"] == loaded.id)
     caps = ["embedding"] if loaded.embedding_only else ["completion"] + (["tools"] if loaded.tool_format != "none"
                                                                          else []) + (["thinking"] if loaded.thinks
                                                                                      else [])
-    return web.json_response({"modelfile": "", "parameters": "", "template": loaded.template.source or "",
-                              "details": _details(info), "capabilities": caps,
+    return web.json_response({"modelfile": "", "parameters": _parameters(loaded),
+                              "template": loaded.template.source or "", "details": _details(info),
+                              "capabilities": caps,
                               "model_info": {"general.architecture": info.get("arch"),
                                              "general.parameter_count": info.get("params"),
                                              f"{info.get('arch')}.context_length": info.get("n_ctx_train")}})
 
 
+@documents("POST", "/api/chat", "A chat turn, streamed as NDJSON by default (Ollama)", OllamaChatRequest)
 @routes.post("/api/chat")
 async def chat(request: web.Request) -> web.StreamResponse:
     """A chat turn: streamed as NDJSON lines by default ("stream": false for one object)."""
-    f = Fields(await read_json(request), "ollama.chat")
-    model = f.require("model", str, "the model to chat with")
-    raw = f.get("messages", list, [])
-    stream = f.get("stream", bool, True)
-    think = f.get("think", bool)
-    kwargs = {"enable_thinking": think} if think is not None else {}
-    keep = _keep_alive(f)
-    req = ChatRequest(model, _messages(raw), _sampling(f), template_kwargs=kwargs, tools=schemas.tools_field(f),
-                      response_format=_format(f), keep_alive=keep)
-    f.log_ignored()
+    body = parse(OllamaChatRequest, await read_json(request), "ollama.chat")
+    svc = request.app[SERVICE]
+    req = body.chat(ollama_models.resolve(svc, body.model))
     if not req.messages:  # Ollama's way to load a model (or, with keep_alive 0, to unload it)
-        return await _load_or_unload(request.app[SERVICE], model, keep, {"message": {"role": "assistant",
-                                                                                   "content": ""}})
+        return await _load_or_unload(svc, req.model, req.keep_alive, {"message": {"role": "assistant",
+                                                                                    "content": ""}})
     t0 = time.monotonic()
-    gen, = await request.app[SERVICE].chat(req)
+    gen, = await svc.chat(req)
     reader = ReplyReader(gen.reading, streaming=False)  # calls come whole, as Ollama sends them
 
     def message(content: str, thinking: str = "", calls: list[dict] | None = None) -> dict:
@@ -257,32 +432,29 @@ async def chat(request: web.Request) -> web.StreamResponse:
             return {"message": message(text)}
         content, thinking, calls = assemble(reader.events(text) + reader.events(None))
         return {"message": message(content, thinking, calls)}
-    return await _reply(request, gen, t0, stream, parts(), whole, {"message": message("")})
+    return await _reply(request, gen, t0, body.stream, parts(), whole, {"message": message("")})
 
 
+@documents("POST", "/api/generate", "A completion of a prompt, templated or raw, streamed as NDJSON by default "
+           "(Ollama)", OllamaGenerateRequest)
 @routes.post("/api/generate")
 async def generate(request: web.Request) -> web.StreamResponse:
     """A completion: the prompt through the model's chat template (with "system"), or as it is with "raw"."""
-    f = Fields(await read_json(request), "ollama.generate")
-    model = f.require("model", str, "the model to generate with")
-    prompt = f.get("prompt", str, "")
-    system = f.get("system", str)
-    raw = f.get("raw", bool, False)
-    stream = f.get("stream", bool, True)
-    sampling = _sampling(f)
-    fmt = _format(f)
-    f.log_ignored()
-    keep = _keep_alive(f)
+    body = parse(OllamaGenerateRequest, await read_json(request), "ollama.generate")
+    if body.images:
+        raise InvalidRequest("'images': images are not supported yet", "images")
     svc = request.app[SERVICE]
-    if not prompt:  # Ollama's way to load a model (or, with keep_alive 0, to unload it): done at once
+    model, sampling, fmt, keep = ollama_models.resolve(svc, body.model), body.sampling(), body.output(), body.keep()
+    if not body.prompt:  # Ollama's way to load a model (or, with keep_alive 0, to unload it): done at once
         return await _load_or_unload(svc, model, keep, {"response": ""})
     t0 = time.monotonic()
-    if raw:
+    if body.raw:
         if fmt is not None:
             raise InvalidRequest("'format' needs the chat template: not with \"raw\": true", "format")
-        gen, = await svc.complete(CompletionRequest(model, prompt, sampling, keep_alive=keep))
+        gen, = await svc.complete(CompletionRequest(model, body.prompt, sampling, keep_alive=keep))
     else:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        messages = [{"role": "system", "content": body.system}] if body.system else []
+        messages.append({"role": "user", "content": body.prompt})
         gen, = await svc.chat(ChatRequest(model, messages, sampling, response_format=fmt, keep_alive=keep))
 
     async def parts():
@@ -291,7 +463,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
 
     async def whole() -> dict:
         return {"response": await gen.text()}
-    return await _reply(request, gen, t0, stream, parts(), whole, {"response": ""})
+    return await _reply(request, gen, t0, body.stream, parts(), whole, {"response": ""})
 
 
 async def _load_or_unload(svc, model: str, keep, empty: dict) -> web.Response:
@@ -305,31 +477,85 @@ async def _load_or_unload(svc, model: str, keep, empty: dict) -> web.Response:
     return web.json_response({"model": model, "created_at": _now(), **empty, "done": True, "done_reason": "load"})
 
 
+@documents("POST", "/api/embed", "Embed a text or texts (Ollama)", OllamaEmbedRequest)
 @routes.post("/api/embed")
 async def embed(request: web.Request) -> web.Response:
     """{model, input: text or texts} -> {model, embeddings: [[...]], prompt_eval_count}."""
-    f = Fields(await read_json(request), "ollama.embed")
-    model = f.require("model", str, "the embedding model")
-    raw = f.get("input", (str, list))
-    if raw is None or raw == [] or (isinstance(raw, list) and not all(isinstance(x, str) for x in raw)):
-        raise InvalidRequest("'input' must be a string or an array of strings", "input")
-    keep = _keep_alive(f)
-    f.log_ignored()
+    body = parse(OllamaEmbedRequest, await read_json(request), "ollama.embed")
+    svc = request.app[SERVICE]
     t0 = time.monotonic()
-    model_id, vectors, n_tokens = await request.app[SERVICE].embed(model, [raw] if isinstance(raw, str) else raw,
-                                                                   keep)
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    model_id, vectors, n_tokens = await svc.embed(ollama_models.resolve(svc, body.model), texts, body.keep())
     return web.json_response({"model": model_id, "embeddings": [[float(x) for x in v] for v in vectors],
                               "total_duration": int((time.monotonic() - t0) * 1e9), "load_duration": 0,
                               "prompt_eval_count": n_tokens})
 
 
+@documents("POST", "/api/embeddings", "Embed one text (Ollama's legacy route)", OllamaEmbeddingsRequest)
 @routes.post("/api/embeddings")
 async def embeddings(request: web.Request) -> web.Response:
     """The legacy embeddings route: {model, prompt} -> {embedding: [...]}."""
-    f = Fields(await read_json(request), "ollama.embeddings")
-    model = f.require("model", str, "the embedding model")
-    prompt = f.require("prompt", str, "the text to embed")
-    keep = _keep_alive(f)
-    f.log_ignored()
-    _, vectors, _ = await request.app[SERVICE].embed(model, [prompt], keep)
+    body = parse(OllamaEmbeddingsRequest, await read_json(request), "ollama.embeddings")
+    svc = request.app[SERVICE]
+    _, vectors, _ = await svc.embed(ollama_models.resolve(svc, body.model), [body.prompt], body.keep())
     return web.json_response({"embedding": [float(x) for x in vectors[0]]})
+
+
+# ---- model management -------------------------------------------------------------------------------------
+
+async def _progress(request: web.Request, lines, finished: asyncio.Future, stream: bool) -> web.StreamResponse:
+    """Progress lines then {"status": "success", model} as NDJSON (a failure after the first line is the last
+    line, {"error"}); or, not streamed, the success object once done (a failure is the response's status)."""
+    if not stream:
+        return web.json_response({"status": "success", "model": await asyncio.shield(finished)})
+    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await resp.prepare(request)
+    try:
+        async for line in lines():
+            await resp.write(_line(line))
+        await resp.write(_line({"status": "success", "model": await asyncio.shield(finished)}))
+    except EngineError as e:
+        await resp.write(_line({"error": e.message}))
+    await resp.write_eof()
+    return resp
+
+
+@documents("POST", "/api/pull", "Pull a model from Hugging Face (hf.co/owner/repo:QUANT) or the catalog, with NDJSON "
+           "progress (Ollama)", OllamaPullRequest)
+@routes.post("/api/pull")
+@loopback_only
+async def pull(request: web.Request) -> web.StreamResponse:
+    """Errors found before any byte moves are the response's status; the pull goes on if the client leaves."""
+    body = parse(OllamaPullRequest, await read_json(request), "ollama.pull")
+    job = await ollama_models.pull(request.app[SERVICE], body.model)
+    return await _progress(request, job.lines, job.finished, body.stream)
+
+
+@documents("POST", "/api/copy", "Another roster name for a model (Ollama)", OllamaCopyRequest)
+@routes.post("/api/copy")
+@loopback_only
+async def copy(request: web.Request) -> web.Response:
+    body = parse(OllamaCopyRequest, await read_json(request), "ollama.copy")
+    await ollama_models.copy(request.app[SERVICE], body.source, body.destination)
+    return web.json_response({"status": "success"})
+
+
+@documents("DELETE", "/api/delete", "Remove a model from the roster, and its file when it lives in models_dir "
+           "(Ollama)", OllamaDeleteRequest)
+@routes.delete("/api/delete")
+@loopback_only
+async def delete(request: web.Request) -> web.Response:
+    body = parse(OllamaDeleteRequest, await read_json(request), "ollama.delete")
+    return web.json_response({"status": "success", **await ollama_models.delete(request.app[SERVICE], body.model)})
+
+
+@documents("POST", "/api/create", "A new roster entry from a model, with its own chat template and num_ctx / "
+           "num_batch (Ollama)", OllamaCreateRequest)
+@routes.post("/api/create")
+@loopback_only
+async def create(request: web.Request) -> web.StreamResponse:
+    body = parse(OllamaCreateRequest, await read_json(request), "ollama.create")
+    entry = await ollama_models.create(request.app[SERVICE], body.model, body.from_, body.template, body.settings())
+    if not body.stream:
+        return web.json_response({"status": "success", "model": entry.name})
+    return web.Response(body=_line({"status": "success", "model": entry.name}), content_type="application/x-ndjson")

@@ -15,6 +15,7 @@ from engine.tools import Event, ReplyReader, assemble
 from server import schemas, sse
 from server.errors import sse_error_event
 from server.keys import SERVICE
+from server.shapes import documents
 
 routes = web.RouteTableDef()
 
@@ -171,6 +172,8 @@ class _ChatChoice:
         return msg
 
 
+@documents("POST", "/v1/chat/completions", "Create a chat completion (OpenAI Chat Completions)",
+           schemas.ChatCompletionRequest)
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     req, opts = schemas.chat_request(await schemas.read_json(request))
@@ -232,6 +235,8 @@ def _completion_logprobs(entries: list[dict], offset: int) -> dict:
     return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
+@documents("POST", "/v1/completions", "Complete a text or token prompt (OpenAI Completions, no chat template)",
+           schemas.TextCompletionRequest)
 @routes.post("/v1/completions")
 async def completions(request: web.Request) -> web.StreamResponse:
     req, opts = schemas.completion_request(await schemas.read_json(request))
@@ -277,6 +282,7 @@ async def _completion_stream(request: web.Request, gens: list[Generation], opts:
 
 # ---- embeddings ----------------------------------------------------------------------------------
 
+@documents("POST", "/v1/embeddings", "Embed texts or token lists (OpenAI Embeddings)", schemas.EmbeddingRequest)
 @routes.post("/v1/embeddings")
 async def embeddings(request: web.Request) -> web.Response:
     model, inputs, fmt, keep = schemas.embedding_request(await schemas.read_json(request))

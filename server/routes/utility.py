@@ -1,29 +1,57 @@
 """llama-server's utility routes on the same models: /tokenize, /detokenize, /apply-template, /infill."""
 from __future__ import annotations
 
-from aiohttp import web
+from typing import Annotated
 
-from engine.errors import EngineError, InvalidRequest
+from aiohttp import web
+from pydantic import Field
+
+from engine.errors import EngineError
 from server import schemas, sse
 from server.errors import sse_error_event
 from server.keys import SERVICE
-from server.schemas import Fields, read_json
+from server.schemas import read_json
+from server.shapes import Shape, documents, parse
 
 routes = web.RouteTableDef()
 
 
+class TokenizeRequest(Shape):
+    """POST /tokenize (llama-server's fields and defaults)."""
+
+    content: str = ""
+    add_special: bool = False  # the model's BOS/EOS markers around the text
+    parse_special: bool = True  # special-token text (<|im_start|>) as its token, not as characters
+    with_pieces: bool = False  # each token with its text
+    model: str | None = None
+
+
+class DetokenizeRequest(Shape):
+    """POST /detokenize."""
+
+    tokens: list[int] = []
+    model: str | None = None
+
+
+class InfillRequest(schemas.Sampling):
+    """POST /infill: llama-server's fill-in-the-middle fields, and the sampling fields."""
+
+    input_prefix: str = ""
+    input_suffix: str = ""
+    prompt: str = ""  # what the middle starts with
+    n_predict: Annotated[int, Field(ge=1)] | None = None  # llama-server's max_tokens
+    stream: bool = False
+    model: str | None = None
+
+
+@documents("POST", "/tokenize", "A text as the model's token ids (llama-server's /tokenize)", TokenizeRequest)
 @routes.post("/tokenize")
 async def tokenize(request: web.Request) -> web.Response:
     """{content, add_special?, parse_special?, with_pieces?, model?} -> {tokens: [id] or [{id, piece}]}."""
-    f = Fields(await read_json(request), "tokenize")
-    text = f.get("content", str, "")
-    add_special = f.get("add_special", bool, False)
-    parse_special = f.get("parse_special", bool, True)
-    with_pieces = f.get("with_pieces", bool, False)
-    model = f.get("model", str)
-    f.log_ignored()
-    m, toks = await request.app[SERVICE].generator.tokenize(model, text, add_special, parse_special)
-    if not with_pieces:
+    body = parse(TokenizeRequest, await read_json(request), "tokenize")
+    m, toks = await request.app[SERVICE].generator.tokenize(body.model, body.content, body.add_special,
+                                                            body.parse_special)
+    if not body.with_pieces:
         return web.json_response({"tokens": toks})
     out = []
     for t in toks:
@@ -36,18 +64,16 @@ async def tokenize(request: web.Request) -> web.Response:
     return web.json_response({"tokens": out})
 
 
+@documents("POST", "/detokenize", "Token ids as text (llama-server's /detokenize)", DetokenizeRequest)
 @routes.post("/detokenize")
 async def detokenize(request: web.Request) -> web.Response:
     """{tokens: [id], model?} -> {content}."""
-    f = Fields(await read_json(request), "detokenize")
-    tokens = f.get("tokens", list, [])
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-        raise InvalidRequest("'tokens' must be an array of token ids", "tokens")
-    model = f.get("model", str)
-    f.log_ignored()
-    return web.json_response({"content": await request.app[SERVICE].generator.detokenize(model, tokens)})
+    body = parse(DetokenizeRequest, await read_json(request), "detokenize")
+    return web.json_response({"content": await request.app[SERVICE].generator.detokenize(body.model, body.tokens)})
 
 
+@documents("POST", "/apply-template", "The prompt a chat completion body renders to (llama-server's /apply-template)",
+           schemas.ChatCompletionRequest)
 @routes.post("/apply-template")
 async def apply_template(request: web.Request) -> web.Response:
     """A chat completion body -> {prompt}: what the model's chat template makes of it."""
@@ -55,30 +81,25 @@ async def apply_template(request: web.Request) -> web.Response:
     return web.json_response({"prompt": await request.app[SERVICE].generator.apply_template(req)})
 
 
+@documents("POST", "/infill", "Fill in the middle between a prefix and a suffix (llama-server's /infill)",
+           InfillRequest)
 @routes.post("/infill")
 async def infill(request: web.Request) -> web.StreamResponse:
     """llama-server's fill-in-the-middle: {input_prefix, input_suffix, prompt?, n_predict | max_tokens, sampling,
     stream?, model?} -> {content, stop, finish_reason, tokens_predicted, tokens_evaluated, timings}."""
-    f = Fields(await read_json(request), "infill")
-    prefix = f.get("input_prefix", str, "")
-    suffix = f.get("input_suffix", str, "")
-    prompt = f.get("prompt", str, "")
-    n_predict = f.get("n_predict", int, lo=1)
-    stream = f.get("stream", bool, False)
-    model = f.get("model", str)
-    sampling = schemas.sampling_params(f)
-    if n_predict is not None and sampling.max_tokens is None:
-        sampling.max_tokens = n_predict
-    f.log_ignored()
+    body = parse(InfillRequest, await read_json(request), "infill")
+    sampling = body.sampling()
+    if body.n_predict is not None and sampling.max_tokens is None:
+        sampling.max_tokens = body.n_predict
     svc = request.app[SERVICE]
-    gen, = await svc.generator.infill(model, prefix, suffix, prompt, sampling)
+    gen, = await svc.generator.infill(body.model, body.input_prefix, body.input_suffix, body.prompt, sampling)
 
     def ending() -> dict:
         u = gen.usage
         return {"content": "", "model": gen.model, "stop": True, "finish_reason": gen.finish_reason,
                 "tokens_predicted": u.get("completion_tokens", 0), "tokens_evaluated": u.get("prompt_tokens", 0),
                 "timings": u.get("timings", {})}
-    if not stream:
+    if not body.stream:
         try:
             text = await gen.text()
         finally:

@@ -152,7 +152,7 @@ def test_settings_apply_reloads_in_process(gui):
     assert models["data"][0]["streams"] == 3  # saved by the previous test, now live
     assert gui.host.config.sources["streams"] == "toml"
     panel.refresh()
-    assert panel.fields["streams"][2].text() == "toml"
+    assert panel.fields["streams"][2].text() == "settings file"  # the Settings panel words the source "toml"
 
 
 def test_settings_serve_on_the_local_network_makes_a_key_to_copy(gui):
@@ -195,7 +195,8 @@ def test_tray_actions(gui):
     assert tray.pause_action.text() == "Pause serving"
 
 
-def test_closing_the_window_keeps_serving(gui):
+def test_closing_the_window_keeps_serving(gui, monkeypatch):
+    monkeypatch.setattr("app.gui.window.tray_available", lambda: True)  # a desktop with a tray (offscreen has none)
     gui.window.show()
     gui.window.close()
     assert not gui.window.isVisible()
@@ -344,7 +345,8 @@ def test_catalog_panel_lists_filters_and_badges(gui):
     panel.filter.setText("qwen3")
     shown = [panel.table.item(r, 0).text() for r in range(panel.table.rowCount())]
     assert shown and all("qwen3" in n for n in shown)
-    assert {panel.table.item(r, 4).text() for r in range(panel.table.rowCount())} <= {"fits", "tight", "too big"}
+    from app.gui.panels.catalog import FIT
+    assert {panel.table.item(r, FIT).text() for r in range(panel.table.rowCount())} <= {"fits", "tight", "too big"}
     assert "GiB RAM" in panel.box.text()
     panel.filter.setText("")
 

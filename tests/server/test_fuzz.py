@@ -18,6 +18,7 @@ import json
 import math
 import struct
 import time
+import urllib.request
 import wave
 from dataclasses import dataclass
 from pathlib import Path
@@ -560,6 +561,62 @@ def test_fuzz_ollama_routes(server, req):
     elif r.content_type.startswith("application/x-ndjson"):
         lines = [json.loads(x) for x in r.body.split(b"\n") if x.strip()]
         assert lines and (lines[-1].get("done") or isinstance(lines[-1].get("error"), str)), lines[-1:]
+    idle(server)
+
+
+# Model management: names that are no Hugging Face name (a pull of one would reach for the real hub), sources that
+# are served models, and what the tests below may create; each created entry is deleted afterwards.
+LOCAL_NAME = st.one_of(st.sampled_from(["nope", "fuzz-made", "fuzz-made:latest", "voice", ""]),
+                       TEXT.filter(lambda t: "/" not in t), st.none(), st.booleans(), NUMBERS,
+                       st.lists(SMALL, max_size=2))
+JINJA = st.sampled_from(["{% for m in messages %}{{ m.content }}{% endfor %}", "{{ .Prompt }}", "{% if %}",
+                         "{{ raise_exception('no') }}", ""])
+OLLAMA_MANAGEMENT = st.one_of(
+    st.tuples(st.just("/api/pull"), raw_json(body_of({"model": LOCAL_NAME}, {
+        "stream": field(st.booleans()), "insecure": field(st.booleans())}))),
+    st.tuples(st.just("/api/copy"), raw_json(body_of({"source": field(st.sampled_from([DEFAULT, "nope"]), TEXT)}, {
+        "destination": LOCAL_NAME}))),
+    st.tuples(st.just("/api/create"), raw_json(body_of({"model": LOCAL_NAME}, {
+        "from": field(st.sampled_from([DEFAULT, "fuzz-hermes", "nope"]), TEXT), "template": field(JINJA, TEXT),
+        "parameters": field(st.dictionaries(st.sampled_from(["num_ctx", "num_batch", "temperature", "stop"]),
+                                            st.one_of(st.integers(-1, 70000), TEXT, JUNK), max_size=2)),
+        "system": field(TEXT), "stream": field(st.booleans()), "quantize": JUNK}))),
+    st.tuples(st.just("/api/delete"), raw_json(body_of({"model": LOCAL_NAME}, {}))))
+
+
+def test_fuzz_ollama_model_management(server):
+    """Pull, copy, create and delete: never a 5xx, errors in Ollama's shape; the served models stay."""
+    @bounded(60)
+    @given(req=OLLAMA_MANAGEMENT)
+    @example(req=("/api/create", J({"model": "fuzz-made", "from": DEFAULT, "template": "{{ .Prompt }}"})))
+    @example(req=("/api/create", J({"model": "fuzz-made", "from": DEFAULT, "parameters": {"num_ctx": 10**30}})))
+    @example(req=("/api/copy", J({"source": DEFAULT, "destination": "\ud800"})))
+    @example(req=("/api/delete", Raw(b'{"model": NaN}')))
+    def run(req):
+        path, raw = req
+        method = "DELETE" if path == "/api/delete" else "POST"
+        host, port = server.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            conn.request(method, path, body=raw.data, headers={"Content-Length": str(len(raw.data)),
+                                                               **({"Content-Type": raw.content_type}
+                                                                  if raw.content_type else {})})
+            r = conn.getresponse()
+            status, body = r.status, r.read()
+        finally:
+            conn.close()
+        assert 200 <= status < 500, (path, status, body[:300])
+        event(f"{path} {status} {json.loads(body.splitlines()[-1]).get('error', '')[:40] if status >= 400 else ''}")
+        if status >= 400:
+            assert isinstance(json.loads(body)["error"], str)
+        assert set(SERVED) <= {m["id"] for m in server.get("/v1/models")["data"]}
+    run()
+    made = {e.name for e in server.service.config.models} - set(SERVED)
+    for name in made:
+        req = urllib.request.Request(server.url + "/api/delete", method="DELETE", headers={
+            "Content-Type": "application/json"}, data=json.dumps({"model": name}).encode())
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert r.status == 200
     idle(server)
 
 

@@ -118,6 +118,8 @@ def test_embed_one_and_many(client):
     many = client.embed(model="minilm", input=["hello there", "general kenobi"])
     assert len(one.embeddings) == 1 and len(many.embeddings) == 2 and len(many.embeddings[0]) == 384
     assert one.embeddings[0] == pytest.approx(many.embeddings[0], abs=1e-5) and one.prompt_eval_count > 0
+    legacy = client.embeddings(model="minilm", prompt="hello there", keep_alive="10m")  # /api/embeddings
+    assert legacy.embedding == pytest.approx(one.embeddings[0], abs=1e-5)
 
 
 def test_errors_come_in_ollamas_shape(client, smol_server):
@@ -135,3 +137,47 @@ def test_errors_come_in_ollamas_shape(client, smol_server):
     with pytest.raises(ollama.ResponseError) as e:
         client.generate(model="smollm2", prompt="x", raw=True, format="json", stream=False)
     assert e.value.status_code == 400
+
+
+def test_names_with_ollamas_latest_tag_resolve_to_ours(client, smol_server):
+    r = client.chat(model="smollm2:latest", messages=[QUESTION], stream=False, options={"num_predict": 2})
+    assert r.done and r.model == "smollm2"
+    assert client.show("minilm:latest").capabilities == ["embedding"]
+    status, body = call(smol_server, "POST", "/api/show", {"name": "smollm2-hermes"})  # the older field
+    assert status == 200 and "<tool_call>" in body["template"] and "num_ctx 2048" in body["parameters"]
+    status, body = call(smol_server, "POST", "/api/show", {})
+    assert status == 400 and "'model' is required" in body["error"]
+
+
+def test_a_think_level_turns_thinking_on(client):
+    r = client.chat(model="smollm2-think", messages=[QUESTION], think="low", stream=False,
+                    options={"temperature": 0, "num_predict": 20})
+    assert r.done and r.message.thinking
+
+
+def test_history_fields_ollama_sends_back(client, smol_server):
+    """An earlier reply's thinking (not replayed) and a tool result's tool_name (the tool message's name)."""
+    history = [QUESTION, {"role": "assistant", "content": "Paris.", "thinking": "It is Paris."},
+               {"role": "user", "content": "And the weather?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+               {"role": "tool", "content": "Sunny", "tool_name": "get_weather"}]
+    r = client.chat(model="smollm2-hermes", messages=history, tools=[WEATHER], stream=False,
+                    options={"temperature": 0, "num_predict": 8})
+    assert r.done
+    for bad, words in (({"thinking": 5}, "messages[1].thinking"), ({"tool_name": ["x"]}, "messages[1].tool_name"),
+                       ({"images": ["aGk="]}, "images are not supported")):
+        status, body = call(smol_server, "POST", "/api/chat", {
+            "model": "smollm2", "stream": False, "messages": [QUESTION, {"role": "assistant", "content": "x", **bad}]})
+        assert status == 400 and words in body["error"], body
+
+
+def test_generate_refuses_images_and_a_num_predict_of_zero(smol_server):
+    status, body = call(smol_server, "POST", "/api/generate", {"model": "smollm2", "prompt": "What is this?",
+                                                                "images": ["aGk="], "stream": False})
+    assert status == 400 and "images are not supported" in body["error"]
+    status, body = call(smol_server, "POST", "/api/generate", {"model": "smollm2", "prompt": "x", "stream": False,
+                                                                "options": {"num_predict": 0}})
+    assert status == 400 and "options.num_predict" in body["error"]
+    status, body = call(smol_server, "POST", "/api/embeddings", {"model": "minilm", "prompt": ""})
+    assert status == 400 and "'prompt' must not be empty" in body["error"]

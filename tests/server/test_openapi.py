@@ -26,3 +26,27 @@ def test_routes_with_a_request_shape_reference_its_schema(tiny_server):
     for method, path, shape in shaped:
         ref = doc["paths"][path][method.lower()]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert ref == f"#/components/schemas/{shape.__name__}" and shape.__name__ in doc["components"]["schemas"]
+
+
+def _body_schema(doc: dict, method: str, path: str) -> dict:
+    ref = doc["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    return doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+
+
+def test_the_openai_and_ollama_routes_show_their_real_request_bodies(tiny_server):
+    doc = call(tiny_server, "GET", "/openapi.json")[1]
+    chat = _body_schema(doc, "post", "/v1/chat/completions")
+    assert {"messages", "temperature", "tools", "tool_choice", "response_format", "stream", "logit_bias",
+            "chat_template_kwargs", "keep_alive"} <= set(chat["properties"]) and chat["required"] == ["messages"]
+    temperature = next(s for s in chat["properties"]["temperature"]["anyOf"] if s.get("type") == "number")
+    assert (temperature["minimum"], temperature["maximum"]) == (0, 2)  # the bounds the 400 checks
+    assert _body_schema(doc, "post", "/v1/completions")["required"] == ["prompt"]
+    assert _body_schema(doc, "post", "/v1/embeddings")["required"] == ["input"]
+    assert _body_schema(doc, "post", "/apply-template") == chat
+    assert {"input_prefix", "input_suffix", "n_predict", "temperature"} <= set(
+        _body_schema(doc, "post", "/infill")["properties"])
+    assert {"model", "messages", "options", "format", "tools", "think"} <= set(
+        _body_schema(doc, "post", "/api/chat")["properties"])
+    assert _body_schema(doc, "post", "/api/pull")["required"] == ["model"]
+    assert set(_body_schema(doc, "post", "/api/create")["required"]) == {"model", "from"}
+    assert _body_schema(doc, "post", "/api/copy")["required"] == ["source", "destination"]

@@ -8,6 +8,8 @@ import pyqtgraph as pg
 from PySide6.QtWidgets import (QGridLayout, QGroupBox, QHeaderView, QLabel, QProgressBar, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
+from app.gui.panels.elided import ElidedLabel
+
 HISTORY = 120  # seconds of chart history
 
 
@@ -32,7 +34,7 @@ class Chart(pg.PlotWidget):
         for name, color in series:
             self.lines[name] = self.plot([], [], name=name, pen=pg.mkPen(color, width=2))
             self.data[name] = deque(maxlen=HISTORY)
-        self.setMinimumHeight(150)
+        self.setMinimumHeight(120)  # two rows of charts, the summary and the swimlane fit in a 900x600 window
 
     def push(self, values: dict[str, float]) -> None:
         for name, v in values.items():
@@ -53,6 +55,7 @@ class DashboardPanel(QWidget):
         self.memory = Chart("Memory", [("rss", "#7f8c8d")], "MB")
         self.summary = QLabel()
         self.summary.setWordWrap(True)
+        self.hardware = ElidedLabel()  # llama.cpp's CPU-feature list runs long: one line, the rest in its tooltip
         self.cache = QLabel()  # where reused prompt tokens came from
         self.cache.setWordWrap(True)
         self.speech = QLabel()  # the speech workers beside the LLM
@@ -67,10 +70,12 @@ class DashboardPanel(QWidget):
         self.table.setWordWrap(False)
         self.table.setColumnWidth(3, 170)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setMinimumHeight(90)  # the header and two streams
         lanes = QGroupBox("Streams")
         QVBoxLayout(lanes).addWidget(self.table)
         layout = QVBoxLayout(self)
         layout.addWidget(self.summary)
+        layout.addWidget(self.hardware)
         layout.addWidget(self.cache)
         layout.addWidget(self.speech)
         layout.addLayout(charts, 3)
@@ -88,7 +93,8 @@ class DashboardPanel(QWidget):
             f"<b>{stats['gen_tokens']}</b> tokens generated, <b>{stats['prefill_tokens']}</b> prefilled in "
             f"<b>{stats['decode_calls']}</b> decodes (up to {stats['max_streams_per_decode']} streams per decode) · "
             f"prefix cache hits <b>{stats['prefix_cache_hits']}</b> · TTFT p50 {t['p50']:.0f} ms, "
-            f"p95 {t['p95']:.0f} ms · {stats['hardware']}")
+            f"p95 {t['p95']:.0f} ms")
+        self.hardware.setText(stats["hardware"])
         self.cache.setText(_cache_line(stats))
         self.speech.setText(" · ".join(_speech_line(what, stats.get(kind, {}))
                                        for kind, what in (("asr", "speech to text"), ("tts", "text to speech"))))

@@ -1,10 +1,13 @@
 """Models: the served slots as cards, and the models a request would load as lines with Load; open another
-GGUF; unload; make default; per-model settings."""
+GGUF; unload; make default; per-model settings. Long names and paths are elided, whole in their tooltips."""
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QFrame, QGridLayout, QHBoxLayout, QLabel,
                                QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
 
+from app.gui.panels.elided import ElidedLabel, breakable
+from app.gui.theme import icon
 from engine.config import KV_DTYPES
 
 
@@ -22,26 +25,27 @@ class ModelCard(QFrame):
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.name = model["id"]
         grid = QGridLayout(self)
-        title = QLabel(f"<b>{model['id']}</b>" + ("  <i>(default)</i>" if model["default"] else ""))
-        grid.addWidget(title, 0, 0, 1, 4)
+        grid.setColumnStretch(1, 1)
+        grid.setColumnStretch(3, 1)
+        grid.addLayout(_title_row(model), 0, 0, 1, 4)
         facts = [("file", model["path"]), ("size", _size(model["file_size"])), ("quant", model["quant"]),
                  ("arch", model["arch"]), ("kind", model["kind"]), ("context", f"{model['ctx']} per stream"),
                  ("streams", str(model["streams"])), ("state", model["state"]), ("prefix cache", "")]
         self.values: dict[str, QLabel] = {}
         for i, (k, v) in enumerate(facts):
             grid.addWidget(QLabel(k), 1 + i // 2, (i % 2) * 2)
-            value = QLabel(v)
-            value.setWordWrap(True)
+            value = ElidedLabel(v, mode=Qt.TextElideMode.ElideMiddle if k == "file" else Qt.TextElideMode.ElideRight)
             grid.addWidget(value, 1 + i // 2, (i % 2) * 2 + 1)
             self.values[k] = value
         self.update_stats(stats)
         buttons = QHBoxLayout()
-        self.unload = QPushButton("Unload")
+        self.unload = QPushButton(icon("panels-unload"), "Unload")
         self.unload.clicked.connect(lambda: bridge.unload_model(self.name))
-        self.make_default = QPushButton("Make default")
+        self.make_default = QPushButton(icon("panels-star"), "Make default")
+        self.make_default.setToolTip("requests that name no model go to this one")
         self.make_default.setEnabled(not model["default"])
         self.make_default.clicked.connect(lambda: bridge.set_default(self.name))
-        self.settings_button = QPushButton("Settings…")
+        self.settings_button = QPushButton(icon("panels-settings"), "Settings…")
         self.settings_button.setCheckable(True)
         buttons.addStretch(1)
         buttons.addWidget(self.settings_button)
@@ -89,6 +93,26 @@ class ModelCard(QFrame):
             self.values["state"].setText(stats["state"])
 
 
+def _title(text: str) -> ElidedLabel:
+    """A card's first line: the model's name in bold, elided when the card is narrower."""
+    title = ElidedLabel(text)
+    font = title.font()
+    font.setBold(True)
+    title.setFont(font)
+    return title
+
+
+def _title_row(model: dict) -> QHBoxLayout:
+    """The name, elided, and "default" beside it (never elided away)."""
+    row = QHBoxLayout()
+    row.addWidget(_title(model["id"]), 1)
+    if model.get("default"):
+        tag = QLabel("<i>default</i>")
+        tag.setToolTip("requests that name no model go to this one")
+        row.addWidget(tag)
+    return row
+
+
 def _speech_card(model: dict) -> QFrame:
     """A speech model: what it is and where it lives (started with --asr/--tts)."""
     card = QFrame()
@@ -96,9 +120,10 @@ def _speech_card(model: dict) -> QFrame:
     what = "speech to text" if model["kind"] == "asr" else "text to speech"
     extra = (f"voices: {', '.join(model['voices'])}" if model["kind"] == "tts"
              else ("translates" if model.get("can_translate") else "transcribes (no translation)"))
-    label = QLabel(f"<b>{model['id']}</b> · {what} ({model['type']}) · {extra}<br>{model['path']}")
-    label.setWordWrap(True)
-    QHBoxLayout(card).addWidget(label)
+    column = QVBoxLayout(card)
+    column.addWidget(_title(model["id"]))
+    column.addWidget(ElidedLabel(f"{what} ({model['type']}) · {extra}"))
+    column.addWidget(ElidedLabel(model["path"], mode=Qt.TextElideMode.ElideMiddle))
     return card
 
 
@@ -112,14 +137,21 @@ class AvailableCard(QFrame):
         row = QHBoxLayout(self)
         facts = [model["state"]] + ([_size(model["size"])] if model.get("size") else []) + \
             ([f"needs about {_size(model['memory_bytes'])}"] if model.get("memory_bytes") else [])
-        label = QLabel(f"<b>{model['id']}</b>" + ("  <i>(default)</i>" if model["default"] else "") +
-                       f" · {' · '.join(facts)}" + (f"<br>{model['error']}" if model.get("error") else ""))
-        label.setWordWrap(True)
-        label.setToolTip(model.get("path", ""))
-        self.load = QPushButton("Loading…" if model["state"] == "loading" else "Load")
+        text = QVBoxLayout()
+        self.facts = ElidedLabel(" · ".join(facts))
+        self.facts.setToolTip(model.get("path", ""))
+        text.addLayout(_title_row(model))
+        text.addWidget(self.facts)
+        if model.get("error"):
+            error = QLabel(breakable(model["error"]))
+            error.setWordWrap(True)
+            error.setTextFormat(Qt.TextFormat.PlainText)
+            error.setStyleSheet("color: #d0453a")
+            text.addWidget(error)
+        self.load = QPushButton(icon("panels-serve"), "Loading…" if model["state"] == "loading" else "Load")
         self.load.setEnabled(model["state"] == "unloaded" and not model.get("error"))
         self.load.clicked.connect(lambda: bridge.load_available(self.name))
-        row.addWidget(label, 1)
+        row.addLayout(text, 1)
         row.addWidget(self.load)
 
 
@@ -129,7 +161,7 @@ class ModelsPanel(QWidget):
     def __init__(self, bridge):
         super().__init__()
         self.bridge = bridge
-        self.open_button = QPushButton("Open GGUF…")
+        self.open_button = QPushButton(icon("panels-open"), "Open GGUF…")
         self.open_button.clicked.connect(self.ask_open)
         top = QHBoxLayout()
         top.addWidget(QLabel("Models: loaded, and on disk to load"))
@@ -168,7 +200,9 @@ class ModelsPanel(QWidget):
             return
         models = self.bridge.models()
         if not models:
-            self.cards.addWidget(QLabel("No model is served yet: open a GGUF, or download one in the Catalog."))
+            empty = QLabel("No model is served yet: open a GGUF, or download one in the Catalog.")
+            empty.setWordWrap(True)
+            self.cards.addWidget(empty)
         for m in models:
             if m.get("kind") in ("asr", "tts"):
                 self.cards.addWidget(_speech_card(m))

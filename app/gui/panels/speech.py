@@ -8,6 +8,8 @@ from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFileDialog, QGroupBox
                                QPlainTextEdit, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.gui.audio_io import RecordButton
+from app.gui.panels.elided import breakable
+from app.gui.theme import icon
 from engine.speech import audio
 from engine.speech.tts import OPENAI_VOICES
 from engine.speech.subtitles import subtitles
@@ -34,8 +36,8 @@ class SpeechPanel(QWidget):
         self.speed.setValue(1.0)
         self.format = QComboBox()
         self.format.addItems(list(audio.FORMATS))
-        self.speak_button = QPushButton("Speak")
-        self.save_button = QPushButton("Save…")
+        self.speak_button = QPushButton(icon("panels-speak"), "Speak")
+        self.save_button = QPushButton(icon("panels-save"), "Save…")
         self.speak_button.clicked.connect(self.speak)
         self.save_button.clicked.connect(self.ask_save)
         tts_row = QHBoxLayout()
@@ -51,12 +53,12 @@ class SpeechPanel(QWidget):
         tts_layout.addLayout(tts_row)
 
         # speech to text
-        self.open_button = QPushButton("Open audio…")
+        self.open_button = QPushButton(icon("panels-open"), "Open audio…")
         self.record_button = RecordButton(audio_io, "Record", "Stop recording",
                                           "Record from the default microphone; press again to stop and transcribe")
         self.use_speech_button = QPushButton("Transcribe what was spoken above")
-        self.export_srt = QPushButton("Export .srt…")
-        self.export_vtt = QPushButton("Export .vtt…")
+        self.export_srt = QPushButton(icon("panels-save"), "Export .srt…")
+        self.export_vtt = QPushButton(icon("panels-save"), "Export .vtt…")
         self.open_button.clicked.connect(self.ask_open)
         self.use_speech_button.clicked.connect(self.transcribe_last_speech)
         self.export_srt.clicked.connect(lambda: self.ask_export("srt"))
@@ -138,7 +140,7 @@ class SpeechPanel(QWidget):
             data, _ = audio.encode(result["samples"], result["rate"], self.format.currentText())
             with open(self._save_to, "wb") as f:
                 f.write(data)
-            self.status.setText(f"saved {seconds:.1f} s to {self._save_to}")
+            self.status.setText(breakable(f"saved {seconds:.1f} s to {self._save_to}"))
         elif self.audio_io.can_play:
             self.audio_io.play(result["wav"])
         else:

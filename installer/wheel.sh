@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The llama-cpp-python wheel a bundle carries, built once per variant and configuration and cached.
+# Usage: installer/wheel.sh VARIANT          build it unless cached; print the wheel's path
+#        installer/wheel.sh --args VARIANT   print the variant's CMake arguments
+# VARIANT: cpu (every CPU class: llama.cpp loads the best libggml-cpu-* at start), vulkan, cuda (Linux and
+# Windows) or metal (macOS); the GPU variants carry the CPU variants too, for the layers left on the CPU.
+# Environment: PYTHON (a python with pip; default python3), WHEEL_CACHE (default ~/.cache/llamadesk/wheels,
+# beside the Makefile's native wheel), LLAMA_WHEEL (a wheel already built with these arguments: used as is).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Runtime CPU dispatch instead of the build machine's instruction set; RPC lets a bundle offload to
+# `rpc-server` hosts; nothing of llama.cpp's own tools, tests or downloader is needed by the Python package.
+BASE_ARGS="-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_RPC=ON \
+-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_CURL=OFF"
+
+cmake_args() {
+  case "$1" in
+    cpu) echo "$BASE_ARGS" ;;
+    vulkan) echo "$BASE_ARGS -DGGML_VULKAN=ON" ;;
+    cuda) echo "$BASE_ARGS -DGGML_CUDA=ON" ;;
+    # the Metal shaders are compiled into the library, so the .app needs no .metal file beside it
+    metal) echo "$BASE_ARGS -DGGML_METAL=ON -DGGML_METAL_EMBED_LIBRARY=ON" ;;
+    *) echo "installer/wheel.sh: unknown variant '$1' (cpu, vulkan, cuda, metal)" >&2; return 2 ;;
+  esac
+}
+
+if [ "${1:-}" = "--args" ]; then
+  cmake_args "${2:?usage: installer/wheel.sh --args VARIANT}"
+  exit
+fi
+VARIANT=${1:?usage: installer/wheel.sh VARIANT}
+ARGS=$(cmake_args "$VARIANT")
+VERSION=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
+# the Makefile's scheme: one folder per version and CMake arguments, so two configurations never mix
+PY=${PYTHON:-python3}
+# (hashed with python: macOS has no sha1sum; the newline is echo's, so the digests match the Makefile's)
+TAG=$("$PY" -c 'import hashlib, sys; print(hashlib.sha1(sys.argv[1].encode() + b"\n").hexdigest()[:12])' \
+  "$VERSION $ARGS")
+DIR="${WHEEL_CACHE:-$HOME/.cache/llamadesk/wheels}/llama-cpp-python-$TAG"
+
+if [ -n "${LLAMA_WHEEL:-}" ]; then
+  echo "$LLAMA_WHEEL"
+  exit
+fi
+if [ ! -f "$DIR/.done" ]; then
+  echo "building llama-cpp-python $VERSION ($VARIANT) into $DIR: $ARGS" >&2
+  mkdir -p "$DIR"
+  # pip's cache is bypassed: it keys wheels by the sdist, not by CMAKE_ARGS, and would hand back another build
+  CORES=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)  # macOS has no nproc
+  CMAKE_ARGS="$ARGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$CORES}" \
+    "$PY" -m pip wheel --no-cache-dir --no-deps --no-binary llama-cpp-python -w "$DIR" \
+    "llama-cpp-python==$VERSION" >&2
+  touch "$DIR/.done"
+fi
+ls "$DIR"/llama_cpp_python-"$VERSION"-*.whl
