@@ -80,13 +80,25 @@ def _add_prose(out: list, lines: list[str]) -> None:
 # ---- small widgets ---------------------------------------------------------------------------------------
 
 class _PassWheel:
-    """Vertical wheel turns go to the transcript (these widgets never scroll vertically themselves)."""
+    """Vertical wheel turns go to the transcript (these widgets never scroll vertically themselves); the height
+    follows the text at the given width."""
 
     def wheelEvent(self, event) -> None:  # noqa: N802
         if abs(event.angleDelta().y()) >= abs(event.angleDelta().x()):
             event.ignore()
         else:
             super().wheelEvent(event)
+
+    # As tall as the text (each class's _fit sets the height), as narrow as the column allows.
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        return QSize(40, self.height())
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(200, self.height())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._fit()
 
 
 class ProseView(_PassWheel, QTextBrowser):
@@ -118,16 +130,6 @@ class ProseView(_PassWheel, QTextBrowser):
         """Text shown as it is (an error message), wrapped the same way."""
         self.markdown = None
         self.setPlainText(text)
-        self._fit()
-
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
-        return QSize(40, self.height())
-
-    def sizeHint(self) -> QSize:  # noqa: N802
-        return QSize(200, self.height())
-
-    def resizeEvent(self, event) -> None:  # noqa: N802
-        super().resizeEvent(event)
         self._fit()
 
     def _fit(self, *_) -> None:
@@ -162,16 +164,6 @@ class CodeText(_PassWheel, QPlainTextEdit):
             self.code = code
             self.setPlainText(code)
             self._fit()
-
-    def minimumSizeHint(self) -> QSize:  # noqa: N802
-        return QSize(40, self.height())
-
-    def sizeHint(self) -> QSize:  # noqa: N802
-        return QSize(200, self.height())
-
-    def resizeEvent(self, event) -> None:  # noqa: N802
-        super().resizeEvent(event)
-        self._fit()
 
     def _fit(self) -> None:
         """As tall as its lines, plus the horizontal scroll bar when the widest line does not fit."""
