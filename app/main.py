@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None, starter: Callable[[Config], Config | Non
     if argv[:1] == ["pull"]:
         from app import pull_cli
         return pull_cli.main(argv[1:])
+    if argv[:1] == ["rpc-server"]:  # llama.cpp's rpc-server, for a model another llamadesk serves with --rpc
+        from app import rpc_server
+        return rpc_server.main(argv[1:])
     if argv[:1] == [qtprobe.PROBE_COMMAND]:
         return qtprobe.run_probe()
     if argv[:1] in (["--install-desktop"], ["--uninstall-desktop"]):  # a user-scope desktop entry (XDG)

@@ -124,12 +124,16 @@ class Verdicts:
                 log.warning("cannot remember the CPU variant verdict in %s: %s", self.path, e)
 
 
-def choose(variants: list[Variant], probe: Callable[[Variant], str | None], verdicts: Verdicts) -> Choice:
+def choose(variants: list[Variant], probe: Callable[[Variant], str | None] | None, verdicts: Verdicts) -> Choice:
     """The best variant whose probe passes (remembered verdicts are not probed again); the last resort is the
-    lowest one, which uses no instruction beyond the baseline, unprobed."""
+    lowest one, which uses no instruction beyond the baseline, unprobed. Without a probe (no model to probe with)
+    the best one not remembered as failing, unprobed."""
     choice = Choice(None)
     for v in variants:
         verdict = verdicts.get(v.name)
+        if verdict is None and probe is None:
+            choice.variant = v
+            return choice
         if verdict is None:
             verdict = probe(v) or "ok"
             verdicts.put(v.name, verdict)
@@ -185,10 +189,7 @@ def load(model: Path | None, cache_dir: Path | None) -> Choice:
         _choice = Choice(None)
         return _choice
     verdicts = Verdicts(cache_dir / "cpu-variants.json" if cache_dir else None, cpu_signature())
-    if model is None:
-        choice = Choice(variants[0])
-    else:
-        choice = choose(variants, lambda v: run_probe(v, model), verdicts)
+    choice = choose(variants, (lambda v: run_probe(v, model)) if model else None, verdicts)
     ggml = _ggml(libdir)
     if not ggml.ggml_backend_load(str(choice.variant.path).encode()):
         raise OSError(f"cannot load {choice.variant.path}")
@@ -206,12 +207,38 @@ def load(model: Path | None, cache_dir: Path | None) -> Choice:
     return choice
 
 
+def before_init(model: Path | str | None) -> Choice:
+    """What engine/llama.py's init_backend runs before llama_backend_init: load() with the app's cache dir (where the
+    verdicts are kept). A native build returns at once; a GGML_BACKEND_DL build has no CPU backend without it."""
+    import platformdirs
+    from engine.config import APP_NAME
+    return load(Path(model) if model else None, Path(platformdirs.user_cache_dir(APP_NAME)))
+
+
+# A wheel cannot hold symlinks, so libggml.so and libggml.so.0 are two copies (a bundle may hold a third), and the
+# dynamic linker takes two files for two libraries, each with its own backend registry. A backend must be registered
+# in the copy libllama links, or llama.cpp says "no backends are loaded": that is the one already loaded under its
+# soname (RTLD_NOLOAD opens nothing new), else the file of that name beside libllama.
+_LIBGGML = {"win32": ("ggml.dll",), "darwin": ("libggml.0.dylib", "libggml.dylib")}.get(
+    sys.platform, ("libggml.so.0", "libggml.so"))
+
+
 def _ggml(libdir: Path) -> ctypes.CDLL:
-    name = {"win32": "ggml.dll", "darwin": "libggml.dylib"}.get(sys.platform, "libggml.so")
-    lib = ctypes.CDLL(str(libdir / name))
+    lib = _loaded(_LIBGGML[0]) or ctypes.CDLL(
+        str(next((libdir / n for n in _LIBGGML if (libdir / n).exists()), libdir / _LIBGGML[-1])))
     lib.ggml_backend_load.argtypes = [ctypes.c_char_p]
     lib.ggml_backend_load.restype = ctypes.c_void_p
     return lib
+
+
+def _loaded(soname: str) -> ctypes.CDLL | None:
+    noload = getattr(os, "RTLD_NOLOAD", None)
+    if noload is None:
+        return None
+    try:
+        return ctypes.CDLL(soname, mode=noload | os.RTLD_LAZY)
+    except OSError:
+        return None
 
 
 def probe_child(variant: str, model: str) -> int:

@@ -8,9 +8,11 @@ import threading
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import platformdirs
+
+from engine import rpc
 
 APP_NAME = "llamadesk"
 
@@ -32,6 +34,7 @@ class Option:
     minimum: int | None = None
     maximum: int | None = None
     cli_only: bool = False  # flags that make no sense in a config file
+    check: Callable[[Any, str], None] | None = None  # more than a type can say (raises ConfigError naming label)
 
     @property
     def flag(self) -> str:
@@ -66,6 +69,8 @@ class Option:
             raise ConfigError(f"invalid value for {label}: {raw!r}; must be >= {self.minimum}")
         if self.maximum is not None and value > self.maximum:
             raise ConfigError(f"invalid value for {label}: {raw!r}; must be <= {self.maximum}")
+        if self.check is not None:
+            self.check(value, label)
         return value
 
 
@@ -111,6 +116,11 @@ SCHEMA: tuple[Option, ...] = (
     Option("max_loaded", int, 0, "most models loaded at once (0: no limit beyond --max-memory)", minimum=0,
            maximum=1024),
     Option("gpu", str, "auto", "offload layers to a GPU when llama.cpp has one", choices=("auto", "off")),
+    Option("rpc", str, None, "comma-separated llama.cpp rpc-server addresses (host:port,…) that every local model "
+           "offloads all its layers to (a roster entry's rpc overrides it); see `llamadesk rpc-server`",
+           check=lambda v, label: _check_rpc(v, True, label)),
+    Option("rpc_allow_lan", bool, False, "allow rpc-server addresses beyond this machine: rpc-server has no "
+           "authentication, so only on a LAN you trust"),
     Option("models_dir", str, None, "where downloaded models live (default: the user data dir)"),
     Option("asr", str, None, "speech-to-text model directory (whisper, moonshine, NeMo, SenseVoice, Paraformer)"),
     Option("asr_workers", int, 1, "speech-to-text worker threads, each with its own recognizer", minimum=1, maximum=16),
@@ -140,12 +150,13 @@ OPTIONS = {o.name: o for o in SCHEMA}
 # Who can reach the server and with what key: changed from the GUI, the CLI or the file, never by an HTTP
 # request without the API key (a web page in the user's browser could otherwise open the server up).
 SECRET_KEYS = ("api_key", "hf_token")  # shown as *** by /config and left out of the diagnostics
-NETWORK_KEYS = ("host", "api_key", "cors_origins", "allowed_hosts", "insecure_no_key")
+NETWORK_KEYS = ("host", "api_key", "cors_origins", "allowed_hosts", "insecure_no_key",
+                "rpc", "rpc_allow_lan")  # rpc: where models' weights and prompts go
 MODEL_KEYS = {"name": str, "path": str, "default": bool, "ctx": int, "streams": int, "chunk": int,
               "kv_dtype": str, "chat_template": str, "tool_format": str, "kv_unified": bool, "cache_ram": int,
               "cache_disk": int, "ttl": int, "preload": bool, "image_mmproj": str,
               "backend": str, "url": str, "urls": list, "api_key": str, "api_key_env": str, "remote_model": str,
-              "timeout": int}
+              "timeout": int, "rpc": (str, list)}
 BACKENDS = ("local", "remote")  # local: a GGUF llama.cpp serves here; remote: an OpenAI-compatible server elsewhere
 # The keys a remote entry takes; every other roster key is about a GGUF served here.
 REMOTE_KEYS = ("name", "backend", "url", "urls", "api_key", "api_key_env", "remote_model", "timeout")
@@ -181,6 +192,7 @@ class ModelEntry:
     api_key_env: str | None = None  # or the environment variable holding it (kept out of the file)
     remote_model: str | None = None  # the upstream's id for the model (default: name)
     timeout: int | None = None  # seconds an upstream may stay silent (before its answer or between events)
+    rpc: str | list[str] | None = None  # rpc-servers holding its layers (None: the global rpc; [] or "": here)
 
     @property
     def remote(self) -> bool:
@@ -228,6 +240,10 @@ class Config:
         with _SAVING:  # the roster, /config, the catalog and the window may save at once, from threads
             _write_toml(self.path, values, list(self.models))
         return self.path
+
+    def rpc_for(self, entry: ModelEntry) -> tuple[str, ...]:
+        """The rpc-servers a local entry offloads to: its own rpc, else the global one (checked at load)."""
+        return rpc.split_addresses(self.values.get("rpc") if entry.rpc is None else entry.rpc)
 
     def models_dir(self) -> Path:
         """Where models live: models_dir, else $LLAMADESK_MODELS_DIR, else <user data dir>/models."""
@@ -314,7 +330,9 @@ def _parse_models(raw: Any, path: Path) -> list[ModelEntry]:
             if k == "tool_format" and v not in (*TOOL_FORMATS, "none"):
                 raise ConfigError(f"invalid value for 'tool_format' in [[models]] entry {i + 1}: {v!r}; "
                                   f"allowed: {', '.join(TOOL_FORMATS)}, none")
-            if k in OPTIONS:
+            if k == "rpc":
+                _check_rpc(v, True, f"'rpc' in [[models]] entry {i + 1}")  # the form; beyond loopback: in load()
+            elif k in OPTIONS:
                 OPTIONS[k].parse(v, f"[[models]] {i + 1}")
             elif not isinstance(v, MODEL_KEYS[k]) or isinstance(v, bool) and MODEL_KEYS[k] is not bool:
                 raise ConfigError(f"invalid value for '{k}' in [[models]] entry {i + 1}: {v!r}")
@@ -374,6 +392,20 @@ def _check_url(url: Any, where: str) -> None:
                           "or 'api_key_env')")
 
 
+def _check_rpc(value: Any, allow_lan: bool, where: str) -> None:
+    """ConfigError unless value is rpc-server addresses (a "host:port,…" string or a list of them), each on
+    this machine unless allow_lan."""
+    try:
+        addresses = rpc.split_addresses(value)
+    except rpc.RpcAddressError as e:
+        raise ConfigError(f"invalid value for {where}: {e}") from None
+    far = [a for a in addresses if not rpc.is_loopback(a)]
+    if far and not allow_lan:
+        raise ConfigError(f"{where}: {', '.join(far)} is not on this machine, and rpc-server has no authentication "
+                          "(anyone who reaches its port can use it and read or write the memory it holds): add --rpc-allow-lan "
+                          "(rpc_allow_lan = true) to use rpc-servers on a LAN you trust")
+
+
 def _check_remote_names(entries: list[ModelEntry], path: Path) -> None:
     """A remote entry's name is its own: requests naming it go upstream, so no other entry may share it."""
     seen: dict[str, ModelEntry] = {}
@@ -382,6 +414,15 @@ def _check_remote_names(entries: list[ModelEntry], path: Path) -> None:
         if other is not e and (e.remote or other.remote):
             raise ConfigError(f"two [[models]] entries in {path} are named '{e.name}'; a remote model's name must "
                               "be its own")
+
+
+def _check_origins(values: dict[str, Any], sources: dict[str, str], path: Path) -> None:
+    """ConfigError unless cors_origins is a comma-separated list of origins (the Settings panel's check too)."""
+    from engine.origins import check_origins
+    problem = check_origins(values["cors_origins"]) if values.get("cors_origins") else None
+    if problem:
+        where = "--cors-origins (cli)" if sources["cors_origins"] == "cli" else f"'cors_origins' ({path})"
+        raise ConfigError(f"invalid value for {where}: {problem}")
 
 
 def load(argv: list[str] | None = None, env_path: Path | None = None) -> Config:
@@ -413,7 +454,12 @@ def load(argv: list[str] | None = None, env_path: Path | None = None) -> Config:
         for k, v in layer.items():
             values[k] = v
             sources[k] = source
+    _check_origins(values, sources, path)
     cfg = Config(values=values, sources=sources, models=models, path=path)
+    _check_rpc(values.get("rpc"), values["rpc_allow_lan"], f"{OPTIONS['rpc'].flag} ({sources['rpc']})")
+    for i, m in enumerate(models):
+        if m.rpc is not None:
+            _check_rpc(m.rpc, values["rpc_allow_lan"], f"'rpc' in [[models]] entry {i + 1} ({m.name})")
     if values.get("model"):
         # --model puts that file first as the default; the roster keeps its other entries.
         name = Path(values["model"]).stem

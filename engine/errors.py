@@ -75,6 +75,10 @@ class UpstreamError(EngineError):
     """A remote service llamadesk called for the request (the model hub) failed or could not be reached."""
 
 
+class UpstreamTimeout(UpstreamError):
+    """A remote service llamadesk called for the request sent nothing within its timeout."""
+
+
 class UpstreamUnauthorized(UpstreamError):
     """A remote service refused for want of credentials (a gated or private model repo without a token)."""
 

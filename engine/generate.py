@@ -62,6 +62,31 @@ def compile_output(m: LoadedModel, req: ChatRequest) -> tuple[ChatRequest, Sampl
     return req, sampling, reading
 
 
+def _fim_tokens(m: LoadedModel, prefix: str, suffix: str, prompt: str,
+                extra: list[tuple[str, str]] = ()) -> list[int]:
+    """An infill prompt as llama-server lays it out: [BOS] [extra context] <fim_pre> prefix <fim_suf> suffix
+    <fim_mid> prompt. Each extra (filename, text) chunk goes after <fim_sep> and its filename where the model
+    has that token, else after llama-server's plain-text separator."""
+    lm = m.model
+    pre, suf, mid = lm.fim
+
+    def tok(text: str) -> list[int]:
+        return lm.tokenize(text, add_special=False, parse_special=False) if text else []
+    context: list[int] = []
+    if extra and lm.fim_rep >= 0:
+        context += [lm.fim_rep, *tok("myproject\n")]
+    for filename, text in extra:
+        context += [lm.fim_sep, *tok(filename + "\n")] if lm.fim_sep >= 0 else tok(_CHUNK_SEPARATOR)
+        context += tok(text)
+    if extra and lm.fim_sep >= 0:
+        context += [lm.fim_sep, *tok("filename\n")]  # the file being completed (llama-server names it so too)
+    head = [lm.bos_id] if lm.add_bos and lm.bos_id >= 0 else []
+    return [*head, *context, pre, *tok(prefix), suf, *tok(suffix), mid, *tok(prompt)]
+
+
+_CHUNK_SEPARATOR = "\n\n--- snip ---\n\n"  # llama-server's, between extra chunks of a model without <fim_sep>
+
+
 class Generator:
     """Chat, completions and embeddings over the loaded models."""
 
@@ -218,23 +243,18 @@ class Generator:
                 lambda: b"".join(m.model.piece(t, special=True) for t in tokens).decode("utf-8", "replace"))
 
     async def infill(self, model: str | None, prefix: str, suffix: str, prompt: str, sampling: SamplingParams,
-                     ) -> list[Generation]:
-        """Fill in the middle (llama-server's /infill): the model's FIM tokens around prefix and suffix, then
-        generate what goes between (prompt: text the middle starts with)."""
+                     n: int = 1, keep_alive: Any = KEEP, field: str = "model",
+                     extra: list[tuple[str, str]] = ()) -> list[Generation]:
+        """Fill in the middle (llama-server's /infill, and /v1/completions with a suffix): the model's FIM tokens
+        around prefix and suffix, then generate what goes between (prompt: text the middle starts with; extra:
+        (filename, text) chunks of context from other files). A model without FIM tokens is a 400 naming field."""
         self._not_benching()
-        async with self.roster.lease(model) as m:
+        async with self.roster.lease(model, keep_alive) as m:
             if m.model.fim is None:
-                raise UnsupportedByModel(f"model '{m.id}' has no fill-in-the-middle tokens (a code model has them)",
-                                         "model")
-            pre, suf, mid = m.model.fim
-
-            def tok(text: str) -> list[int]:
-                return m.model.tokenize(text, add_special=False, parse_special=False) if text else []
-
-            def tokens() -> list[int]:
-                head = [m.model.bos_id] if m.model.add_bos and m.model.bos_id >= 0 else []
-                return [*head, pre, *tok(prefix), suf, *tok(suffix), mid, *tok(prompt)]
-            return await self._submit(m, await self._off_loop(tokens), sampling, 1, OutputReading(), chat=False)
+                raise UnsupportedByModel(f"'{field}' needs fill-in-the-middle tokens, and model '{m.id}' has none "
+                                         "(a code model has them)", field)
+            tokens = await self._off_loop(_fim_tokens, m, prefix, suffix, prompt, extra)
+            return await self._submit(m, tokens, sampling, n, OutputReading(), chat=False)
 
     async def apply_template(self, req: ChatRequest) -> str:
         """The prompt a chat request renders to (its tools and output format applied), not generated."""

@@ -21,6 +21,7 @@ from typing import Callable
 import llama_cpp as L
 import numpy as np
 
+from engine import backends, rpc
 from engine.errors import EngineError, InvalidRequest, ModelLoadError
 
 log = logging.getLogger("llamadesk.llama")
@@ -50,12 +51,14 @@ def _on_llama_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     log.log(py_level, "%s", msg)
 
 
-def init_backend() -> None:
-    """Initialise llama.cpp once per process and route its log into Python logging."""
+def init_backend(model: Path | None = None) -> None:
+    """Initialise llama.cpp once per process and route its log into Python logging; a GGML_BACKEND_DL build
+    first loads the CPU variant that survives a probe decode of model (engine/backends.py)."""
     global _initialized
     with _init_lock:
         if not _initialized:
             L.llama_log_set(_on_llama_log, ctypes.c_void_p(0))
+            backends.before_init(model)
             L.llama_backend_init()
             _initialized = True
 
@@ -73,15 +76,92 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class LlamaModel:
-    """A loaded GGUF: weights (mmap'd), vocabulary and metadata."""
+class RpcLost(RuntimeError):
+    """An rpc-server holding part of the model went away: the decode's output is garbage (engine/rpc.py)."""
 
-    def __init__(self, path: Path, gpu: str = "auto", progress: Callable[[float], None] | None = None):
-        init_backend()
+
+_rpc_api: ctypes.CDLL | None = None
+
+
+def _rpc() -> ctypes.CDLL:
+    """libggml-rpc (the wheel is built with GGML_RPC=ON) with the ggml registry calls it needs, bound once."""
+    global _rpc_api
+    if _rpc_api is None:
+        from llama_cpp._ctypes_extensions import load_shared_library
+        try:
+            lib = load_shared_library("ggml-rpc", L.llama_cpp._base_path)
+        except (OSError, FileNotFoundError, RuntimeError) as e:
+            raise ModelLoadError(f"this llama-cpp-python was built without RPC ({e}); rebuild it with "
+                                 "CMAKE_ARGS=-DGGML_RPC=ON (the Makefile's wheel does)") from None
+        base = load_shared_library("ggml-base", L.llama_cpp._base_path)
+        vp = ctypes.c_void_p
+        for fn, args, res in ((lib.ggml_backend_rpc_add_server, [ctypes.c_char_p], vp),
+                              (base.ggml_backend_reg_dev_count, [vp], ctypes.c_size_t),
+                              (base.ggml_backend_reg_dev_get, [vp, ctypes.c_size_t], vp)):
+            fn.argtypes, fn.restype = args, res
+        lib.dev_count, lib.dev_get = base.ggml_backend_reg_dev_count, base.ggml_backend_reg_dev_get
+        _rpc_api = lib
+    return _rpc_api
+
+
+def _rpc_devices(links: list[rpc.Link]) -> list[int]:
+    """The ggml devices of the rpc-servers behind links, as llama-server's --rpc makes them (add_rpc_devices):
+    not registered globally, so only the model given them uses them."""
+    api = _rpc()
+    devices = []
+    for link in links:
+        reg = api.ggml_backend_rpc_add_server(link.endpoint.encode())
+        n = api.dev_count(reg) if reg else 0
+        if not n:
+            raise ModelLoadError(f"rpc-server {link.address} offers no device")
+        devices += [api.dev_get(reg, i) for i in range(n)]
+    return devices
+
+
+def _open_links(addresses: tuple[str, ...]) -> list[rpc.Link]:
+    """A relay (engine/rpc.py) to each rpc-server; ModelLoadError naming the one that does not answer."""
+    links: list[rpc.Link] = []
+    try:
+        for address in addresses:
+            links.append(rpc.acquire(address))
+    except rpc.RpcUnreachable as e:
+        for link in links:
+            rpc.release(link)
+        raise ModelLoadError(str(e)) from None
+    return links
+
+
+class LlamaModel:
+    """A loaded GGUF: weights (mmap'd), vocabulary and metadata. With rpc addresses, every layer is offloaded
+    to those rpc-servers' devices (split by their memory, as llama.cpp does) and the input embeddings stay
+    here."""
+
+    def __init__(self, path: Path, gpu: str = "auto", progress: Callable[[float], None] | None = None,
+                 rpc_servers: tuple[str, ...] = ()):
+        init_backend(Path(path))
         self.path = Path(path)
         check_gguf(self.path)
         params = L.llama_model_default_params()
-        params.n_gpu_layers = 999 if gpu == "auto" else 0
+        params.n_gpu_layers = 999 if gpu == "auto" or rpc_servers else 0
+        self.links = self._held = _open_links(rpc_servers)  # _held: until free() lets them go
+        self.devices = [f"RPC {link.address}" for link in self.links] + ["CPU"] if rpc_servers else []
+        self.ptr = None
+        try:
+            self._load(params, progress)
+            self.check_rpc()  # a server lost while the weights went over: they are not all there
+        except BaseException as e:
+            self.free()
+            lost = next((link for link in self.links if link.lost is not None), None)
+            if lost is None or not isinstance(e, (RpcLost, ModelLoadError)):
+                raise
+            raise ModelLoadError(f"cannot load model {self.path}: the rpc-server at {lost.address} went away while "
+                                 f"it loaded ({lost.lost})") from None
+
+    def _load(self, params, progress: Callable[[float], None] | None) -> None:
+        if self.links:
+            devices = _rpc_devices(self.links)
+            listed = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)  # NULL-terminated
+            params.devices = ctypes.cast(listed, ctypes.c_void_p)
         if progress is not None:  # llama.cpp reports 0..1 while it reads the weights
             def on_progress(fraction: float, _user) -> bool:
                 progress(fraction)
@@ -113,6 +193,8 @@ class LlamaModel:
         self.add_bos = bool(L.llama_vocab_get_add_bos(self.vocab))
         fim = (L.llama_vocab_fim_pre(self.vocab), L.llama_vocab_fim_suf(self.vocab), L.llama_vocab_fim_mid(self.vocab))
         self.fim = fim if min(fim) >= 0 else None  # fill-in-the-middle tokens (prefix, suffix, middle), if any
+        # the repository and file separators of repo-level FIM (llama-server's input_extra); -1: none
+        self.fim_rep, self.fim_sep = L.llama_vocab_fim_rep(self.vocab), L.llama_vocab_fim_sep(self.vocab)
         self.bos_id = L.llama_vocab_bos(self.vocab)
         self.eos_id = L.llama_vocab_eos(self.vocab)
         self.sep_id = L.llama_vocab_sep(self.vocab)
@@ -128,6 +210,18 @@ class LlamaModel:
         n = L.llama_model_desc(ptr, buf, 256)
         self.description = buf.value[:n].decode("utf-8", "replace")
         self.file_size = self.path.stat().st_size
+
+    def check_rpc(self) -> None:
+        """RpcLost when an rpc-server of the model has gone (the last decode's output is then garbage)."""
+        for link in self.links:
+            if link.lost is not None:
+                raise RpcLost(f"the rpc-server at {link.address} went away ({link.lost}); model unusable until "
+                              "reloaded (without rpc, or once the rpc-server is back)")
+
+    def _close_links(self) -> None:
+        links, self._held = self._held, []
+        for link in links:
+            rpc.release(link)
 
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as a string, or None when the key is absent."""
@@ -207,6 +301,7 @@ class LlamaModel:
         if self.ptr:
             L.llama_model_free(self.ptr)
             self.ptr = None
+        self._close_links()
 
 
 def check_gguf(path: Path) -> None:
@@ -311,6 +406,7 @@ class BatchContext(_Context):
         """Decode the first n_tokens rows filled with set_row/decode_prefill."""
         self.batch.n_tokens = n_tokens
         rc = L.llama_decode(self.ctx, self.batch)
+        self.model.check_rpc()
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc} for a batch of {n_tokens} tokens")
 
@@ -328,6 +424,7 @@ class BatchContext(_Context):
         finally:
             if non_causal:
                 L.llama_set_causal_attn(self.ctx, True)
+        self.model.check_rpc()
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc} for a batch of {n} image rows")
 
@@ -447,6 +544,7 @@ class EmbedContext(_Context):
         if self.mem:
             L.llama_memory_clear(self.mem, True)
         rc = L.llama_decode(self.ctx, b)
+        self.model.check_rpc()
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc} in {self.WHAT}")
 

@@ -7,7 +7,7 @@ import platform
 
 import numpy as np
 
-from engine import llama
+from engine import backends, llama
 
 VERSION = "0.1.0"
 
@@ -31,11 +31,18 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def hardware_line() -> str:
+    """One line naming the CPU, core count, memory, llama.cpp's CPU features and, in a build with CPU variants,
+    the variant in use (and any passed over as unsafe here)."""
+    choice = backends.current()
+    variant = f"; {choice.describe()}" if choice is not None and choice.variant is not None else ""
+    return _machine_line() + variant
+
+
 _hardware: str | None = None
 
 
-def hardware_line() -> str:
-    """One line naming the CPU, core count, memory and llama.cpp's CPU features."""
+def _machine_line() -> str:
     global _hardware
     if _hardware is None:
         cpu = platform.processor() or platform.machine()

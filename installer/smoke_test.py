@@ -4,7 +4,8 @@
 Without --models it runs in setup mode: /health says so, /catalog lists entries, chat answers 503. With --models DIR
 (a folder holding the starter set's files, which the test assets share: SmolLM2 Q4_1, MiniLM, whisper tiny.en and
 the Piper voice joe) it serves them and checks a greedy chat answer, embeddings, speech synthesis and the
-transcription of that speech, and prints /v1/stats' hardware line (the CPU variant and GPU in use).
+transcription of that speech, and prints /v1/stats' hardware line, which must name the CPU variant in use when
+the bundle carries CPU variants.
 Standard library only: it runs beside a bundle, with whatever python the build machine has.
 
 Usage: installer/smoke_test.py PATH/TO/llamadesk [--models DIR] [-- MORE LLAMADESK FLAGS]
@@ -179,6 +180,15 @@ def check_served(base: str) -> None:
     print(f"  speech round trip: {check_speech(base)!r}")
 
 
+def check_hardware(base: str, exe: Path) -> str:
+    """/v1/stats' hardware line; a bundle that carries CPU variants must name the one it chose."""
+    line = get_json(f"{base}/v1/stats").get("hardware") or ""
+    carried = sorted(p.name for p in exe.parent.rglob("*ggml-cpu-*"))
+    if carried and "CPU variant " not in line:
+        raise SmokeFailure(f"the bundle carries {len(carried)} CPU variants, and /v1/stats names none: {line!r}")
+    return line
+
+
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM is a clean shutdown that exits 0 on POSIX; Windows has no such signal, only termination."""
     if sys.platform == "win32":
@@ -211,7 +221,7 @@ def run(exe: Path, models: Path | None, extra: list[str], work: Path) -> None:
             check_served(base)
         else:
             check_setup_mode(base)
-        print(f"  hardware: {get_json(f'{base}/v1/stats').get('hardware')}")
+        print(f"  hardware: {check_hardware(base, exe)}")
         stop(proc)
     finally:
         if proc.poll() is None:

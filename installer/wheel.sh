@@ -2,13 +2,16 @@
 # The llama-cpp-python wheel a bundle carries, built once per variant and configuration and cached.
 # Usage: installer/wheel.sh VARIANT          build it unless cached; print the wheel's path
 #        installer/wheel.sh --args VARIANT   print the variant's CMake arguments
+#        installer/wheel.sh --carry-modules WHEEL   move a pip-built wheel's ggml modules into llama_cpp/lib (below)
 # VARIANT: cpu (every CPU class: llama.cpp loads the best libggml-cpu-* at start), vulkan, cuda (Linux and
 # Windows) or metal (macOS); the GPU variants carry the CPU variants too, for the layers left on the CPU.
 # Environment: PYTHON (a python with pip; default python3), WHEEL_CACHE (default ~/.cache/llamadesk/wheels,
-# beside the Makefile's native wheel), LLAMA_WHEEL (a wheel already built with these arguments: used as is).
+# beside the Makefile's native wheel), LLAMA_WHEEL (a wheel already built with these arguments
+# and its modules carried: used as is).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+PY=${PYTHON:-python3}
 # Runtime CPU dispatch instead of the build machine's instruction set; RPC lets a bundle offload to
 # `rpc-server` hosts; nothing of llama.cpp's own tools, tests or downloader is needed by the Python package.
 BASE_ARGS="-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DGGML_RPC=ON \
@@ -25,6 +28,28 @@ cmake_args() {
   esac
 }
 
+# llama-cpp-python installs into llama_cpp/lib only the libraries it links; ggml installs its loadable backend
+# modules (the CPU variants, RPC, GPU) to CMake's bin/, which lands at the wheel's root (site-packages/bin/, where
+# nothing looks) beside a second copy of the libraries in lib/. Move the modules beside libggml, where
+# engine/backends.py looks for them, and drop both stray folders; `wheel pack` rewrites RECORD.
+carry_modules() {
+  local wheel=$1 tmp root
+  "$PY" -m wheel version >/dev/null 2>&1 || "$PY" -m pip install -q wheel >&2
+  tmp=$(mktemp -d)
+  "$PY" -m wheel unpack -d "$tmp" "$wheel" >&2
+  root=$(echo "$tmp"/*/)
+  if [ -d "$root/bin" ]; then
+    find "$root/bin" -maxdepth 1 -name '*ggml-*' -exec mv -f {} "$root/llama_cpp/lib/" \;
+    rm -rf "${root:?}/bin" "${root:?}/lib"
+    "$PY" -m wheel pack -d "$(dirname "$wheel")" "$root" >&2
+  fi
+  rm -rf "$tmp"
+}
+
+if [ "${1:-}" = "--carry-modules" ]; then
+  carry_modules "${2:?usage: installer/wheel.sh --carry-modules WHEEL}"
+  exit
+fi
 if [ "${1:-}" = "--args" ]; then
   cmake_args "${2:?usage: installer/wheel.sh --args VARIANT}"
   exit
@@ -33,7 +58,6 @@ VARIANT=${1:?usage: installer/wheel.sh VARIANT}
 ARGS=$(cmake_args "$VARIANT")
 VERSION=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
 # the Makefile's scheme: one folder per version and CMake arguments, so two configurations never mix
-PY=${PYTHON:-python3}
 # (hashed with python: macOS has no sha1sum; the newline is echo's, so the digests match the Makefile's)
 TAG=$("$PY" -c 'import hashlib, sys; print(hashlib.sha1(sys.argv[1].encode() + b"\n").hexdigest()[:12])' \
   "$VERSION $ARGS")
@@ -52,5 +76,9 @@ if [ ! -f "$DIR/.done" ]; then
     "$PY" -m pip wheel --no-cache-dir --no-deps --no-binary llama-cpp-python -w "$DIR" \
     "llama-cpp-python==$VERSION" >&2
   touch "$DIR/.done"
+fi
+if [ ! -f "$DIR/.modules" ]; then
+  carry_modules "$(ls "$DIR"/llama_cpp_python-"$VERSION"-*.whl)"
+  touch "$DIR/.modules"
 fi
 ls "$DIR"/llama_cpp_python-"$VERSION"-*.whl

@@ -31,6 +31,7 @@ _MAP: list[tuple[type[E.EngineError], int, str, str | None]] = [
     (E.EngineStopped, 503, "server_error", "shutting_down"),
     (E.ModelLoadError, 400, "invalid_request_error", "model_load_failed"),
     (E.UpstreamUnauthorized, 401, "authentication_error", "upstream_unauthorized"),
+    (E.UpstreamTimeout, 504, "server_error", "upstream_timeout"),
     (E.UpstreamError, 502, "server_error", "upstream_error"),
     (E.EngineError, 500, "server_error", None),
 ]

@@ -11,8 +11,7 @@
   split parts and `.sha256` sidecars) or a template that lives in models_dir and that no other entry or loaded
   model uses. A file elsewhere on disk is never deleted.
 
-The roster has no method that adds or removes an entry without loading or unloading it, so the entries are
-added to and removed from the roster's list (config.models) here and the config is saved.
+Entries are added and removed through the roster (ModelManager.add_entry / forget), which saves the config.
 """
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ from engine.chat import ChatTemplate
 from engine.config import ModelEntry
 from engine.errors import Conflict, InvalidRequest, ModelNotFound
 from engine.models.manager import check_shape
+from server.routes.catalog import readable_catalog
 
 log = logging.getLogger("llamadesk.server")
 LATEST = ":latest"
@@ -86,7 +86,9 @@ class Pulling:
 
 async def pull(svc, name: str) -> Pulling:
     """Start pulling name (a Hugging Face name, or a catalog entry's): errors found before any byte moves raise
-    here (a bad name 400, no such repo, quant or entry 404, a gated repo 401, a pull already running 409)."""
+    here (a bad name 400, no such repo, quant or entry 404, a gated repo 401, a pull already running 409, a catalog
+    file that cannot be used 500)."""
+    readable_catalog(svc)  # both kinds are named against the catalog
     if "/" in name:
         return await _pull_from_hub(svc, name)
     return _pull_from_catalog(svc, name)
@@ -178,7 +180,7 @@ async def _alias(svc, name: str, path: Path) -> None:
     """A roster entry naming the pulled file by the name it was pulled by (kept when it exists)."""
     if any(e.name == name for e in svc.config.models):
         return
-    await _add(svc, ModelEntry(name=name, path=str(path), preload=False))
+    await svc.roster.add_entry(ModelEntry(name=name, path=str(path), preload=False))
 
 
 # ---- copy, create ------------------------------------------------------------------------------------------
@@ -211,7 +213,7 @@ async def copy(svc, source: str, destination: str) -> ModelEntry:
     entry = _entry_of(svc, resolve(svc, source))
     _refuse_taken(svc, destination, "destination")
     copied = dataclasses.replace(entry, name=destination, default=False, preload=False)
-    await _add(svc, copied)
+    await svc.roster.add_entry(copied)
     log.info("copied model %s to %s", entry.name, destination)
     return copied
 
@@ -236,7 +238,7 @@ async def create(svc, name: str, source: str, template: str | None, settings: di
     if template is not None:
         await asyncio.to_thread(_check_template, template)
         created.chat_template = str(await asyncio.to_thread(_write_template, svc.config.models_dir(), name, template))
-    await _add(svc, created)
+    await svc.roster.add_entry(created)
     log.info("created model %s from %s", name, entry.name)
     return created
 
@@ -264,11 +266,6 @@ def _write_template(models_dir: Path, name: str, text: str) -> Path:
     return path
 
 
-async def _add(svc, entry: ModelEntry) -> None:
-    svc.config.models.append(entry)
-    await asyncio.to_thread(svc.config.save)
-
-
 # ---- delete ------------------------------------------------------------------------------------------------
 
 async def delete(svc, name: str) -> dict[str, Any]:
@@ -280,15 +277,8 @@ async def delete(svc, name: str) -> dict[str, Any]:
     if not rostered and is_rostered_file(entry.path, {p for p in (_local(e.path) for e in others) if p}):
         users = ", ".join(e.name for e in others if _local(e.path) == _local(entry.path))
         raise Conflict(f"'{name}' is the file of the model(s) {users}: delete those instead", "model")
-    if name in svc.roster.loaded:
-        await svc.roster.remove(name)
-    for e in rostered:
-        svc.config.models.remove(e)
-    if svc.roster.default_id == name:  # a default that was not loaded: the roster's first entry serves instead
-        svc.roster.default_id = next(iter(svc.roster.loaded), None) or \
-            next((e.name for e in svc.config.models if not e.remote), None)
+    await svc.roster.forget(name)
     removed = await asyncio.to_thread(_remove_ours, svc, entry)
-    await asyncio.to_thread(svc.config.save)
     log.info("deleted model %s%s", name, f" and {', '.join(removed)}" if removed else "")
     return {"model": name, "files_removed": removed}
 

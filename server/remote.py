@@ -1,4 +1,5 @@
-"""The relay for remote models (engine/remote.py holds their replicas and the balancing policy).
+"""The relay for remote models (engine/remote.py holds their replicas and the balancing policy), and their
+replies to the translated routes (Responses, Messages, Ollama).
 
 A middleware looks at the three OpenAI generation routes before their handlers: a body whose "model" names a
 remote roster entry is sent to one of that entry's replicas, with "model" rewritten to the upstream's id and the
@@ -6,6 +7,10 @@ entry's key (never the client's) as the bearer token; any other request goes on 
 same cached body. A buffered answer is relayed whole; a stream event by event as the events arrive, and a client
 that goes away closes the upstream connection, which the upstream takes as a cancel. An attempt that fails before
 anything was sent to the client is retried on another replica; after that the client gets an SSE error event.
+
+The translated routes make a ChatRequest as for a local model; `chat` sends a remote one upstream as a streamed
+chat completion through the same attempts, and its RemoteGeneration reads the chunks back into the engine's
+events (content, reasoning, tool call start / arguments / end), which each route writes in its own shape.
 """
 from __future__ import annotations
 
@@ -14,17 +19,22 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import aiohttp
 from aiohttp import web
 
-from engine.errors import EngineStopped, UpstreamError
+from engine.core.generation import Generation
+from engine.errors import (EngineError, EngineStopped, InvalidRequest, ModelNotFound, PayloadTooLarge,
+                           UpstreamError, UpstreamTimeout, UpstreamUnauthorized)
 from engine.remote import Remotes, RemoteModel, Replica
+from engine.requests import ChatRequest
 from engine.system import VERSION
-from server.errors import json_error, sse_error_event
-from server.keys import CONFIG
+from engine.tools import Event, ReplyReader, new_call_id
+from server.errors import sse_error_event
+from server.keys import CONFIG, SERVICE
 from server.schemas import read_json
 from server.sse import open_stream
 
@@ -123,18 +133,30 @@ class _Failed(Exception):
 
 async def _forward(request: web.Request, session: aiohttp.ClientSession, remote: RemoteModel,
                    body: dict[str, Any]) -> web.StreamResponse:
-    hops = _hops(request)
+    """The body relayed to one of remote's replicas, and its answer to the client as it is."""
+    payload = json.dumps({**body, "model": remote.remote_model}, ensure_ascii=False).encode()
+    return await _relayed(session, remote, request.path.removeprefix("/v1"), payload, _hops(request),
+                          lambda resp, replica, started: _answer(request, remote, replica, resp, started))
+
+
+T = TypeVar("T")
+Answer = Callable[[aiohttp.ClientResponse, Replica, float], Awaitable[T]]  # an upstream's response, read
+
+
+async def _relayed(session: aiohttp.ClientSession, remote: RemoteModel, path: str, payload: bytes, hops: int,
+                   answer: Answer[T]) -> T:
+    """What answer makes of the first replica's response that does not fail before reaching the client: the
+    replicas are tried in pick order; UpstreamTimeout or UpstreamError when none is left."""
     if hops >= MAX_HOPS:
         raise UpstreamError(f"remote model '{remote.name}': the request was relayed {hops} times already; does a "
                             "remote entry point back at a server that relays it?")
-    payload = json.dumps({**body, "model": remote.remote_model}, ensure_ascii=False).encode()
     headers = {**_headers(remote), HOPS_HEADER: str(hops + 1)}
     tried: set[Replica] = set()
     failures: list[_Failed] = []
     while (replica := remote.pick(tried)) is not None:
         tried.add(replica)
         try:
-            return await _attempt(request, session, remote, replica, payload, headers)
+            return await _attempt(session, remote, replica, path, payload, headers, answer)
         except _Failed as f:
             failures.append(f)
             replica.errors += 1
@@ -145,7 +167,7 @@ async def _forward(request: web.Request, session: aiohttp.ClientSession, remote:
     said = "; ".join(f"{f.replica.url} {f.reason}" for f in failures) or "it has no replica"
     message = f"remote model '{remote.name}' is unavailable: {said}"
     if failures and failures[-1].timed_out:
-        return json_error(504, message, "server_error", None, "upstream_timeout")
+        raise UpstreamTimeout(message)
     raise UpstreamError(message)
 
 
@@ -163,10 +185,10 @@ def _headers(remote: RemoteModel) -> dict[str, str]:
     return headers
 
 
-async def _attempt(request: web.Request, session: aiohttp.ClientSession, remote: RemoteModel, replica: Replica,
-                   payload: bytes, headers: dict[str, str]) -> web.StreamResponse:
-    """One replica's answer relayed to the client; _Failed when it failed before any byte reached the client."""
-    url = replica.url + request.path.removeprefix("/v1")
+async def _attempt(session: aiohttp.ClientSession, remote: RemoteModel, replica: Replica, path: str,
+                   payload: bytes, headers: dict[str, str], answer: Answer[T]) -> T:
+    """One replica's response, read by answer; _Failed when it failed before any byte reached the client."""
+    url = replica.url + path
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=remote.timeout_s)
     if session.closed:
         raise EngineStopped("the server is shutting down")
@@ -181,7 +203,7 @@ async def _attempt(request: web.Request, session: aiohttp.ClientSession, remote:
             raise _failure(replica, e, remote) from None
         async with resp:
             try:
-                return await _answer(request, remote, replica, resp, started)
+                return await answer(resp, replica, started)
             except BaseException:  # the client went away, or the attempt failed: the upstream sees it close
                 resp.close()
                 raise
@@ -192,15 +214,20 @@ async def _attempt(request: web.Request, session: aiohttp.ClientSession, remote:
 async def _answer(request: web.Request, remote: RemoteModel, replica: Replica, resp: aiohttp.ClientResponse,
                   started: float) -> web.StreamResponse:
     """The upstream's answer as ours: 5xx is a failed attempt; 4xx, 3xx and 2xx pass through as they are."""
-    if resp.status >= 500:
-        said = _upstream_message(await _read(resp, replica, remote))
-        raise _Failed(replica, f"answered {resp.status}: {said}", takes_out=False)
+    await _refuse_5xx(resp, replica, remote)
     if resp.status == 200 and resp.content_type == "text/event-stream":
         return await _relay_stream(request, remote, replica, resp, started)
     body = await _read(resp, replica, remote)
     _served(replica, started)
     return web.Response(body=body, status=resp.status,
                         headers={"Content-Type": resp.headers.get("Content-Type", "application/json")})
+
+
+async def _refuse_5xx(resp: aiohttp.ClientResponse, replica: Replica, remote: RemoteModel) -> None:
+    """_Failed for a 5xx answer: the attempt failed, the next replica may serve it."""
+    if resp.status >= 500:
+        said = _upstream_message(await _read(resp, replica, remote))
+        raise _Failed(replica, f"answered {resp.status}: {said}", takes_out=False)
 
 
 async def _read(resp: aiohttp.ClientResponse, replica: Replica, remote: RemoteModel) -> bytes:
@@ -306,3 +333,260 @@ async def _probe(session: aiohttp.ClientSession, remote: RemoteModel, replica: R
     except aiohttp.ClientError as e:
         return "GET /models: " + _failure(replica, e, remote).reason
     return None if resp.status < 500 else f"GET /models answered {resp.status}"
+
+
+# ---- remote models through the translations (Responses, Messages, Ollama) ----------------------------------
+
+async def chat(request: web.Request, req: ChatRequest, stream: bool) -> list[Generation | RemoteGeneration]:
+    """The generation of a chat request a translation made: the engine's for a local model; for a remote one the
+    upstream's reply to it as chat completions (streamed when the client's is, so that a buffered reply is the
+    upstream's buffered one, calls and all), read back into the engine's events."""
+    relay = request.app[RELAY]
+    remote = relay.remotes.get(req.model)
+    if remote is None:
+        return await request.app[SERVICE].chat(req)
+    if relay.session is None or relay.session.closed:
+        raise EngineStopped("the server is shutting down")
+    gen = RemoteGeneration(remote)
+    payload = json.dumps(upstream_body(req, remote, stream), ensure_ascii=False).encode()
+    await gen.start(relay.session, payload, _hops(request))
+    return [gen]
+
+
+def reply_reader(gen: Generation | RemoteGeneration, streaming: bool) -> ReplyReader | RemoteReader:
+    """What reads a generation's output as events: the engine's parsers for a local one; a remote one comes
+    parsed (the upstream split its own reasoning and tool calls)."""
+    return gen.reader if isinstance(gen, RemoteGeneration) else ReplyReader(gen.reading, streaming)
+
+
+def is_remote(request: web.Request, model: Any) -> bool:
+    """Whether model names a remote roster entry."""
+    return request.app[RELAY].remotes.get(model) is not None
+
+
+def upstream_body(req: ChatRequest, remote: RemoteModel, stream: bool) -> dict[str, Any]:
+    """The chat-completions body a ChatRequest amounts to (a stream with its usage); fields at their defaults
+    stay out, so that an upstream of another kind reads only what was asked."""
+    s = req.sampling
+    fmt = req.response_format
+    optional = {
+        "max_tokens": s.max_tokens, "temperature": s.temperature, "top_p": None if s.top_p == 1 else s.top_p,
+        "top_k": s.top_k or None, "min_p": s.min_p or None, "seed": s.seed, "stop": s.stop or None,
+        "presence_penalty": s.presence_penalty or None, "frequency_penalty": s.frequency_penalty or None,
+        "repeat_penalty": None if s.repeat_penalty == 1 else s.repeat_penalty,
+        "tools": req.tools, "tool_choice": req.tool_choice,
+        "parallel_tool_calls": None if req.parallel_tool_calls else False,
+        "response_format": fmt if fmt is None or fmt["type"] != "json_schema" else
+        {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}},
+        "chat_template_kwargs": req.template_kwargs or None}
+    delivery = {"stream": True, "stream_options": {"include_usage": True}} if stream else {}
+    return {"model": remote.remote_model, "messages": req.messages, **delivery,
+            **{k: v for k, v in optional.items() if v is not None}}
+
+
+class _Deltas:
+    """Chat-completion deltas as the engine's events: reasoning, content, and each tool call as its start (id
+    and name), its argument fragments and its end."""
+
+    def __init__(self) -> None:
+        self.calls = 0  # calls started
+        self._open: int | None = None  # the upstream's index of the call being streamed
+
+    def events(self, delta: dict[str, Any]) -> list[Event]:
+        out: list[Event] = []
+        for kind, text in (("reasoning", delta.get("reasoning_content") or delta.get("reasoning")),
+                           ("content", delta.get("content"))):
+            if isinstance(text, str) and text:
+                out += self.end() + [Event(kind, text)]
+        for pos, call in enumerate(delta.get("tool_calls") or []):
+            fn = call.get("function") or {}
+            index = call.get("index", pos)
+            if index != self._open:
+                out += self.end()
+                self._open = index
+                self.calls += 1
+                out.append(Event("tool_call_start", call={"id": call.get("id") or new_call_id(""),
+                                                          "name": fn.get("name") or ""}, index=self.calls - 1))
+            if fn.get("arguments"):
+                args = fn["arguments"]  # a whole message's may be an object (Ollama's own shape)
+                out.append(Event("tool_args", args if isinstance(args, str) else json.dumps(args),
+                                 index=self.calls - 1))
+        return out
+
+    def end(self) -> list[Event]:
+        """The open call's end, if one is open."""
+        if self._open is None:
+            return []
+        self._open = None
+        return [Event("tool_call_end", index=self.calls - 1)]
+
+
+class RemoteReader:
+    """ReplyReader's surface over a remote reply: the events its chunks delivered, in order."""
+
+    parser = "upstream"  # not None: the routes take these events rather than reading the text as content
+    cut_call = False  # a call cut by max_tokens ends with the reply; the finish reason says "length"
+
+    def __init__(self) -> None:
+        self.deltas = _Deltas()
+        self.delivered: list[Event] = []
+
+    @property
+    def calls(self) -> int:
+        return self.deltas.calls
+
+    def events(self, text: str | None) -> list[Event]:
+        """The events delivered since the last call (None: the reply ended; the open call closes)."""
+        out, self.delivered = self.delivered, []
+        return out + self.deltas.end() if text is None else out
+
+
+class RemoteGeneration:
+    """A remote model's reply to a translated chat request, with the surface the routes use on the engine's
+    Generation (chunks, text, finish_reason, usage, cancel). The upstream's response is read by a task of its
+    own, through the relay's replica pick and retries; start() returns once its first chunk arrived, so that a
+    failure before it is the route's error response, in its protocol's shape."""
+
+    reading = None  # the reader is the upstream's (reply_reader)
+    stop_sequence = None  # chat completions do not say which stop string ended the text
+
+    def __init__(self, remote: RemoteModel):
+        self.remote = remote
+        self.model = remote.name
+        self.id = uuid.uuid4().hex
+        self.created = int(time.time())
+        self.prompt_tokens = 0  # until the upstream's usage arrives
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] = {}
+        self.error: EngineError | None = None
+        self.reader = RemoteReader()
+        self._pending: list[Event] = []
+        self._ended = False
+        self._wake = asyncio.Event()
+        self._first: asyncio.Future | None = None
+        self._task: asyncio.Future | None = None
+
+    async def start(self, session: aiohttp.ClientSession, payload: bytes, hops: int) -> None:
+        """Send the request and wait for the first chunk of the reply (UpstreamError, UpstreamTimeout or the
+        upstream's refusal when it never came)."""
+        self._first = asyncio.get_running_loop().create_future()
+        self._task = asyncio.ensure_future(_relayed(session, self.remote, "/chat/completions", payload, hops,
+                                                    self._read))
+        self._task.add_done_callback(self._done)
+        try:
+            await self._first
+        except asyncio.CancelledError:  # the client went away before the reply began
+            self.cancel()
+            raise
+
+    async def chunks(self) -> AsyncIterator[str]:
+        """The content text of each delivery of events (the reader hands out the events themselves)."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._pending:
+                batch, self._pending = self._pending, []
+                self.reader.delivered += batch
+                yield "".join(e.text for e in batch if e.kind == "content")
+            if self.error:
+                raise self.error
+            if self._ended:
+                return
+
+    async def text(self) -> str:
+        """The whole content text (buffered mode)."""
+        return "".join([c async for c in self.chunks()])
+
+    def cancel(self) -> None:
+        """Stop reading: the upstream connection closes, which the upstream takes as a cancel."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def _read(self, resp: aiohttp.ClientResponse, replica: Replica, started: float) -> None:
+        remote = self.remote
+        await _refuse_5xx(resp, replica, remote)
+        if resp.status >= 400:
+            said = _upstream_message(await _read(resp, replica, remote))
+            raise _refusal(resp.status, f"remote model '{remote.name}': {replica.url} answered {resp.status}: {said}")
+        if resp.content_type != "text/event-stream":  # a buffered answer
+            body = self._json(await _read(resp, replica, remote))
+            self._begun(replica, started)
+            self._chunk({**body, "choices": [{**c, "delta": c.get("message") or {}} for c in body.get("choices", [])]})
+            return
+        try:
+            async for line in resp.content:
+                if line.startswith(b"data:") and (data := line[5:].strip()) != b"[DONE]":
+                    self._begun(replica, started)
+                    self._chunk(self._json(data))
+        except (TimeoutError, aiohttp.ClientError) as e:
+            failure = _failure(replica, e, remote)
+            if not self._first.done():
+                raise failure from None
+            replica.errors += 1
+            replica.fail(failure.reason, time.monotonic())
+            raise UpstreamError(f"remote model '{remote.name}': {replica.url} {failure.reason} mid-stream") from None
+
+    def _json(self, raw: bytes) -> dict[str, Any]:
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise UpstreamError(f"remote model '{self.remote.name}': the upstream sent {raw[:80]!r}, not a chat "
+                                "completion (is its url an OpenAI-compatible /v1?)")
+        return doc
+
+    def _begun(self, replica: Replica, started: float) -> None:
+        if not self._first.done():
+            _served(replica, started)
+            self._first.set_result(None)
+
+    def _chunk(self, chunk: dict[str, Any]) -> None:
+        """One chat-completion chunk (or a whole completion, its message as the delta) taken in."""
+        if isinstance(chunk.get("error"), dict):  # the upstream's error event
+            raise UpstreamError(f"remote model '{self.remote.name}': {_upstream_message(json.dumps(chunk).encode())}")
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) == 0:
+                self._pending += self.reader.deltas.events(choice.get("delta") or {})
+                self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = _usage(chunk["usage"], chunk.get("timings"))
+            self.prompt_tokens = self.usage["prompt_tokens"]
+        self._wake.set()
+
+    def _done(self, task: asyncio.Future) -> None:
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not isinstance(error, EngineError):  # a chunk of a shape no upstream should send
+            log.warning("remote model %s: unreadable reply", self.remote.name, exc_info=error)
+            error = UpstreamError(f"remote model '{self.remote.name}': its reply could not be read "
+                                  f"({type(error).__name__}: {error})")
+        if not self._first.done():
+            if error is not None:
+                self._first.set_exception(error)
+            else:
+                self._first.set_result(None)  # a reply with no chunk: empty
+        elif error is not None:
+            self.error = error
+        self.usage = self.usage or _usage({}, None)  # an upstream that sent none
+        self._ended = True
+        self._wake.set()
+
+
+def _usage(u: dict[str, Any], timings: Any) -> dict[str, Any]:
+    """An upstream's usage in the engine's terms (its own timings when it sent llama-server's)."""
+    prompt, completion = int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0)
+    out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+           "cached_tokens": int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+           "timings": timings if isinstance(timings, dict) else {"prompt_n": prompt, "predicted_n": completion}}
+    reasoning = (u.get("completion_tokens_details") or {}).get("reasoning_tokens")
+    out["reasoning_tokens"] = reasoning if isinstance(reasoning, int) else 0  # not counted here: no tokenizer
+    return out
+
+
+_REFUSALS: dict[int, type[EngineError]] = {400: InvalidRequest, 422: InvalidRequest, 413: PayloadTooLarge,
+                                           404: ModelNotFound, 401: UpstreamUnauthorized, 403: UpstreamUnauthorized}
+
+
+def _refusal(status: int, message: str) -> EngineError:
+    """An upstream's 4xx as the error this server answers with (its status class, the upstream's words)."""
+    return _REFUSALS.get(status, UpstreamError)(message)

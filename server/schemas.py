@@ -21,7 +21,7 @@ from engine.errors import InvalidRequest, UnsupportedMediaType
 from engine.models.tenancy import parse_keep_alive
 from engine.requests import KEEP, ChatRequest, CompletionRequest, SamplingParams
 from server.errors import MAX_BODY_KEY
-from server.shapes import NonEmpty, Shape, between, log_ignored, not_plain_json, parse, refuse
+from server.shapes import NonEmpty, Shape, between, parse, refuse
 
 MAX_DEPTH = 64  # deepest nesting of arrays and objects a JSON body may have
 
@@ -373,6 +373,7 @@ class TextCompletionRequest(Delivery):
     prompt: str | TokenIds | Annotated[list[str | TokenIds], Field(min_length=1)]
     logprobs: between(0, 5, int) | None = None  # the chosen token's logprob and this many alternatives
     echo: bool | None = None  # the reply starts with the prompt
+    suffix: str | None = None  # fill in the middle: the text after the completion (the model's FIM tokens)
 
     @field_validator("prompt")
     @classmethod
@@ -390,6 +391,8 @@ class TextCompletionRequest(Delivery):
         if self.logprobs is not None:
             opts.logprobs = True
             sampling.logprobs = self.logprobs
+        if self.suffix is not None and not isinstance(self.prompt, str):
+            raise InvalidRequest("'suffix' needs a text prompt (the code before the gap), not token ids", "suffix")
         return CompletionRequest(self.model, self.prompt, sampling, bool(self.echo), keep_alive=self.keep()), opts
 
 
@@ -412,76 +415,17 @@ def chat_request(body: dict[str, Any]) -> tuple[ChatRequest, StreamOptions]:
     return parse(ChatCompletionRequest, body, "chat.completions").to_engine()
 
 
-def completion_request(body: dict[str, Any]) -> tuple[CompletionRequest, StreamOptions]:
-    """A /v1/completions body as an engine CompletionRequest."""
-    return parse(TextCompletionRequest, body, "completions").to_engine()
+def completion_request(body: dict[str, Any]) -> tuple[CompletionRequest, StreamOptions, str | None]:
+    """A /v1/completions body as an engine CompletionRequest, how it is delivered, and its suffix (None: no fill
+    in the middle)."""
+    parsed = parse(TextCompletionRequest, body, "completions")
+    return *parsed.to_engine(), parsed.suffix
 
 
 def embedding_request(body: dict[str, Any]) -> tuple[str | None, list[str | list[int]], str, Any]:
     """(model, inputs, encoding_format, keep_alive) of a /v1/embeddings body."""
     req = parse(EmbeddingRequest, body, "embeddings")
     return req.model, req.inputs(), req.encoding_format, req.keep()
-
-
-# ---- field by field, for the routes not declared as shapes yet ----------------------------------------
-
-class Fields:
-    """Typed access to a JSON body that remembers which fields were read: for the routes whose bodies are not
-    declared as shapes yet (audio, catalog, control)."""
-
-    def __init__(self, body: dict[str, Any], route: str):
-        self.body = body
-        self.route = route
-        self.used: set[str] = set()
-
-    def get(self, name: str, kinds: type | tuple[type, ...], default: Any = None, *, lo: float | None = None,
-            hi: float | None = None, what: str | None = None) -> Any:
-        """body[name] checked against kinds and bounds; default when absent or null. Numbers must be finite
-        (integers within 64 bits) and strings valid Unicode, nested ones included."""
-        self.used.add(name)
-        v = self.body.get(name)
-        if v is None:
-            return default
-        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-        is_bool = isinstance(v, bool)
-        ok = any(isinstance(v, k) and (k is bool or not is_bool) for k in kinds)
-        if float in kinds and isinstance(v, int) and not is_bool:
-            if abs(v) > _MAX_FLOAT_INT:  # float() of it would raise OverflowError
-                raise InvalidRequest(f"'{name}' is out of range: got an integer too large for a number", name)
-            ok, v = True, float(v)
-        if not ok:
-            raise InvalidRequest(f"'{name}' must be {what or _kind_words(kinds)}, got {_json_type(v)}", name)
-        problem = not_plain_json(v, name)
-        if problem:
-            raise InvalidRequest(problem, name)
-        if lo is not None and v < lo or hi is not None and v > hi:
-            rng = f"between {lo} and {hi}" if lo is not None and hi is not None else \
-                (f">= {lo}" if lo is not None else f"<= {hi}")
-            raise InvalidRequest(f"'{name}' must be {rng}, got {v}", name)
-        return v
-
-    def require(self, name: str, kinds: type | tuple[type, ...], what: str = "") -> Any:
-        """body[name] as get() checks it, and a 400 naming it when it is absent or empty."""
-        v = self.get(name, kinds)
-        if v is None or v == "":
-            raise InvalidRequest(f"'{name}' is required" + (f": {what}" if what else ""), name)
-        return v
-
-    def use(self, *names: str) -> "Fields":
-        """Mark fields as read (for bodies whose fields are read elsewhere)."""
-        self.used.update(names)
-        return self
-
-    def log_ignored(self) -> None:
-        """Log, once per field name, the fields this route did not use."""
-        log_ignored(self.body.keys() - self.used, self.route)
-
-
-_MAX_FLOAT_INT = 10 ** 308  # integers beyond this overflow a float
-
-
-def _kind_words(kinds: tuple[type, ...]) -> str:
-    return " or ".join(_TYPE_NAMES[k] for k in kinds)
 
 
 def _json_type(v: Any) -> str:

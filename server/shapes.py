@@ -22,7 +22,7 @@ log = logging.getLogger("llamadesk.server")
 _ignored_logged: set[str] = set()
 
 # Accepted for compatibility but without effect here; never an error, never logged.
-HARMLESS = {"user", "store", "metadata", "service_tier", "prediction", "modalities", "suffix", "best_of",
+HARMLESS = {"user", "store", "metadata", "service_tier", "prediction", "modalities", "best_of",
             "reasoning_effort", "dimensions"}
 
 M = TypeVar("M", bound="Shape")
@@ -153,7 +153,7 @@ def _path_parts(loc: tuple, body: Any) -> list:
     parts, node = [], body
     for k, p in enumerate(loc):
         last = k == len(loc) - 1
-        if isinstance(node, dict) and isinstance(p, str) and p in node:
+        if isinstance(node, dict) and isinstance(p, str) and p in node and not _is_tag(node, p, loc[k + 1:]):
             node = node[p]
         elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
             node = node[p]
@@ -165,6 +165,18 @@ def _path_parts(loc: tuple, body: Any) -> list:
 
 
 _BRANCH_LABELS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "tagged-union"}
+
+
+def _is_tag(node: dict, p: str, rest: tuple) -> bool:
+    """Whether step p, a key of node, is a tagged union's tag instead (a text block's tag is "text", and so is
+    its field): so when the next step is a field name that cannot be inside node[p] but is a key of node."""
+    step = rest[0] if rest else None
+    if not isinstance(step, str) or step in _BRANCH_LABELS or any(c in step for c in "[](),"):
+        return False
+    child = node[p]
+    if isinstance(child, dict):
+        return step not in child and step in node
+    return True  # a field name is no step into an array or a scalar
 
 
 def _path(parts: list) -> str:

@@ -9,7 +9,8 @@ key, else `HF_TOKEN`, else the file `hf auth login` writes — is sent as a bear
 
 A model is named `repo`, `repo:QUANT` or `repo/path/in/repo.gguf` (an `hf.co/` prefix, as Ollama writes it, is
 accepted). A split GGUF (`name-00001-of-00003.gguf`, …) is one model: its parts are pulled as a set. A repo's
-`mmproj-*.gguf` is its vision tower, pulled beside the model on request.
+`mmproj-*.gguf` is its vision tower, pulled beside the model on request; a pairing file beside the model
+(`<model file>.mmproj`, naming the tower's file) makes serving the model load the tower with it.
 """
 from __future__ import annotations
 
@@ -378,6 +379,20 @@ def local_name(repo: str, f: HubFile, vision: bool) -> str:
     return f"mmproj-{model}-{quant_of(f.name) or Path(f.name).stem}.gguf"
 
 
+def pairing_path(model: Path) -> Path:
+    """The file naming the vision tower pulled beside the model at path."""
+    return model.with_name(model.name + ".mmproj")
+
+
+def tower_of(model: Path) -> Path | None:
+    """The vision tower pulled beside the model at path, when its pairing file names one that is on disk."""
+    try:
+        tower = model.with_name(pairing_path(model).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return tower if tower != model and tower.is_file() else None
+
+
 def _pull_name(listing: Listing, v: Variant) -> str:
     """The shortest name that pulls exactly v: repo:QUANT when the quant is the repo's only one, else its file."""
     if v.quant and sum(w.quant == v.quant for w in listing.variants) == 1:
@@ -452,6 +467,12 @@ class Pull:
     def path(self) -> Path:
         return self.models_dir / self.parts[0].entry.file
 
+    @property
+    def tower_path(self) -> Path | None:
+        """Where the vision tower pulled with the model goes (None: the pull has none)."""
+        tower = next((p for p in self.parts if p.entry.kind == "mmproj"), None)
+        return None if tower is None else self.models_dir / tower.entry.file
+
     def on_change(self, d: Download) -> None:
         """The downloader's report for one of its parts."""
         for part in self.parts:
@@ -480,9 +501,19 @@ class Pull:
             self.error = self._failure(failed)
         elif all(p.download is None or p.download.status == "done" for p in self.parts):
             self.status = "done"
+            self._pair()
         else:
             return
         self._finished.set()
+
+    def _pair(self) -> None:
+        """Record which vision tower the model was pulled with: serving the model then loads it."""
+        if self.tower_path is None:
+            return
+        try:
+            pairing_path(self.path).write_text(self.tower_path.name + "\n")
+        except OSError as e:  # a read-only models_dir: the model is served, without its tower
+            log.warning("%s: its vision tower %s is not paired with it: %s", self.path.name, self.tower_path.name, e)
 
     def _failure(self, p: Part) -> EngineError:
         d = p.download

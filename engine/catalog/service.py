@@ -73,26 +73,32 @@ class CatalogService:
             d["download"] = downloads[e.name].as_dict() if e.name in downloads else None
             d["served"] = e.name in self.roster.loaded
             out.append(d)
+        pulls = []
+        for p in self.pulls:
+            tower = p.tower_path
+            pulls.append({**p.as_dict(), "vision": None if tower is None else
+                          {"file": tower.name, "wired": p.status == "done" and self._wired(p.model, tower)}})
         starter, starter_bytes = self.starter_set()
         return {"box": box, "models_dir": str(models_dir), "entries": out,
                 "starter_set": {"entries": [e.name for e in starter], "size": starter_bytes},
                 "local": cat.unknown_local_ggufs(self.entries(), models_dir),
-                "pulls": [p.as_dict() for p in self.pulls]}
+                "pulls": pulls}
 
     def available(self) -> list[ModelEntry]:
         """The language and embedding models on disk that a request may load by name: downloaded catalog
         entries (by entry name) and the other GGUFs in models_dir (by file stem; vision towers and the later
-        parts of a split GGUF are not models of their own)."""
+        parts of a split GGUF are not models of their own), each with its vision tower when that is on disk."""
         models_dir = self.config.models_dir()
         out = []
         for e in self.entries():
             if e.kind in ("llm", "embedding"):
                 state = cat.local_state(e, models_dir)
                 if state["state"] in ("verified", "present"):
-                    out.append(ModelEntry(name=e.name, path=state["path"]))
+                    out.append(ModelEntry(name=e.name, path=state["path"], image_mmproj=self._vision_tower(e)))
         for f in cat.unknown_local_ggufs(self.entries(), models_dir):
             if not f["name"].lower().startswith("mmproj") and not _LATER_SPLIT.search(f["name"]):
-                out.append(ModelEntry(name=f["name"], path=f["path"]))
+                tower = hf.tower_of(Path(f["path"]))
+                out.append(ModelEntry(name=f["name"], path=f["path"], image_mmproj=tower and str(tower)))
         return out
 
     def download(self, name: str, tower: str | None = None) -> dict[str, Any]:
@@ -112,7 +118,8 @@ class CatalogService:
 
     async def serve(self, name: str) -> dict[str, Any]:
         """Serve a downloaded catalog entry now, in process: an LLM or embedding model joins the roster as
-        the default (with its speech towers already on disk wired in), an ASR or TTS model replaces the
+        the default (with its towers already on disk wired in: speech models, and the vision projector an LLM
+        loads beside its weights), an ASR or TTS model replaces the
         speech model; the result is saved as the authoritative config, so the next start serves it too."""
         e = self.entry(name)
         if e.kind not in ("llm", "embedding", "asr", "tts"):
@@ -124,10 +131,8 @@ class CatalogService:
             await self.speech.replace(e.kind, path)
             values[e.kind] = path
         else:
-            entry = ModelEntry(name=e.name, path=path, default=True)
-            if name not in self.roster.loaded:
-                await self.roster.add(entry, make_default=True)
-            self.roster.make_default_entry(entry)
+            await self._serve_model(ModelEntry(name=e.name, path=path, default=True,
+                                               image_mmproj=self._vision_tower(e)))
         towers = []
         for t in (self.entry(t) for t in e.towers):
             state = cat.local_state(t, self.config.models_dir())
@@ -136,11 +141,38 @@ class CatalogService:
                 await self.speech.replace(t.kind, state["path"])
                 values[t.kind] = state["path"]
                 wired = True
-            # an mmproj (vision) tower is kept on disk: serving images needs the vision engine
+            elif t.kind == "mmproj" and state["state"] in ("verified", "present"):
+                wired = self._wired(e.name, Path(state["path"]))
             towers.append({"name": t.name, "kind": t.kind, "local": state["state"], "wired": wired})
         await asyncio.to_thread(self.config.save, values, True)
         return {"served": name, "kind": e.kind, "default": e.kind in ("llm", "embedding"),
                 "config": str(self.config.path), "towers": towers}
+
+    async def _serve_model(self, entry: ModelEntry) -> None:
+        """Load entry as the default model; one loaded without the vision tower it has now is loaded again."""
+        loaded = self.roster.loaded.get(entry.name)
+        if loaded is not None and loaded.settings.image_mmproj != entry.image_mmproj:
+            await self.roster.remove(entry.name)
+            loaded = None
+        if loaded is None:
+            await self.roster.add(entry, make_default=True)
+        self.roster.make_default_entry(entry)
+
+    def _vision_tower(self, e: cat.Entry) -> str | None:
+        """The path of the LLM entry's first vision (mmproj) tower that is downloaded, or None."""
+        for t in (self.entry(t) for t in e.towers if e.kind == "llm"):
+            state = cat.local_state(t, self.config.models_dir())
+            if t.kind == "mmproj" and state["state"] in ("verified", "present"):
+                return state["path"]
+        return None
+
+    def _wired(self, name: str, tower: Path) -> bool:
+        """Whether the model served by name takes images through tower: loaded with it, or loaded with it by
+        the next request naming it."""
+        loaded = self.roster.loaded.get(name)
+        entry = self.roster.available().get(name)
+        mmproj = loaded.settings.image_mmproj if loaded is not None else entry and entry.image_mmproj
+        return bool(mmproj) and Path(mmproj).expanduser() == tower
 
     def _downloaded(self, e: cat.Entry) -> str:
         state = cat.local_state(e, self.config.models_dir())

@@ -71,6 +71,7 @@ class ModelSettings:
     cache_disk: int = 0  # bytes of it kept on disk across restarts (0: off)
     cache_dir: Path | None = None  # where: a folder per model file and KV type is made below it
     image_mmproj: str | None = None  # a vision projector GGUF: chat messages may hold images
+    rpc: tuple[str, ...] = ()  # rpc-servers (host:port) that hold every layer; empty: all here
 
 
 class LoadedModel:
@@ -80,7 +81,7 @@ class LoadedModel:
                  progress: Callable[[float], None] | None = None):
         self.id = model_id
         self.settings = settings
-        self.model = LlamaModel(path, settings.gpu, progress)
+        self.model = LlamaModel(path, settings.gpu, progress, settings.rpc)
         self.state = "loading"
         self.embedding_only = self.model.is_embedding_model
         self.projector = self._projector(settings)
@@ -284,7 +285,8 @@ class LoadedModel:
         return {"path": str(m.path), "file_size": m.file_size, "arch": m.arch, "quant": m.quant(),
                 "params": m.n_params, "n_ctx_train": m.n_ctx_train, "description": m.description,
                 "embedding_only": self.embedding_only, "reranker": m.is_reranker, "chunk": self.settings.chunk,
-                "kv_dtype": self.settings.kv_dtype, "vision": self.vision}
+                "kv_dtype": self.settings.kv_dtype, "vision": self.vision,
+                "devices": m.devices or ["local"]}  # where it runs: the rpc-servers holding its layers, then here
 
     def free(self) -> None:
         """Release every native object of the model (scheduler thread, after all its requests ended)."""

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import platformdirs
 
 from engine import llama
+from engine.catalog.entries import CatalogError
 from engine.config import APP_NAME, OPTIONS, Config, ConfigError, ModelEntry
 from engine.core.worker import Outbox, deliver
 from engine.system import total_ram_bytes
@@ -21,7 +22,7 @@ from engine.errors import (Conflict, EngineError, InsufficientMemory, InvalidReq
                            NoModelLoaded)
 from engine.models.gguf import Footprint, NotGGUF, footprint
 from engine.models.loaded import LoadedModel, ModelSettings, read_chat_template
-from engine.models.tenancy import Tenancy, gib, memory_budget, victims
+from engine.models.tenancy import Tenancy, gib, memory_budget, victims, with_projector
 from engine.requests import KEEP
 
 log = logging.getLogger("llamadesk.engine")
@@ -87,6 +88,7 @@ class ModelManager:
         self.counters = {"loads": 0, "on_demand_loads": 0, "load_failures": 0, "idle_unloads": 0, "evictions": 0,
                          "refused_for_memory": 0}
         self.discover: Callable[[], list[ModelEntry]] = lambda: []  # more available models (catalog, models_dir)
+        self._discovery_problem: str | None = None
         self.recent_loads: collections.deque[LoadRecord] = collections.deque(maxlen=16)
         self._footprints: dict[tuple, Footprint] = {}
         self._reaper: asyncio.Task | None = None
@@ -103,7 +105,7 @@ class ModelManager:
                              cache_ram=cache_ram_bytes(_either(entry.cache_ram, c.cache_ram)),
                              cache_disk=_either(entry.cache_disk, c.cache_disk) << 20,
                              cache_dir=Path(platformdirs.user_cache_dir(APP_NAME)) / "prompt-cache",
-                             image_mmproj=entry.image_mmproj)
+                             image_mmproj=entry.image_mmproj, rpc=c.rpc_for(entry))
 
     def load_all(self) -> None:
         """Load the roster entries that load at start (blocking; before the scheduler starts, or from a worker
@@ -153,9 +155,20 @@ class ModelManager:
         the GGUFs in models_dir (a name the roster has is the roster's). Remote entries are not among them:
         another server serves those."""
         out = {e.name: e for e in self.config.models if not e.remote}
-        for e in self.discover():
+        for e in self._discovered():
             out.setdefault(e.name, e)
         return out
+
+    def _discovered(self) -> list[ModelEntry]:
+        """discover()'s models; none while the catalog file cannot be used (said once per problem: the roster
+        keeps serving, and the catalog's routes answer the problem)."""
+        try:
+            return self.discover()
+        except CatalogError as e:
+            if str(e) != self._discovery_problem:
+                self._discovery_problem = str(e)
+                log.warning("models on disk not discovered: %s", e)
+            return []
 
     @contextlib.asynccontextmanager
     async def lease(self, model: str | None, keep_alive: float | None | object = KEEP):
@@ -238,6 +251,31 @@ class ModelManager:
         self._remember(entry, make_default)
         return m
 
+    async def add_entry(self, entry: ModelEntry) -> None:
+        """Add a roster entry without loading it (the first request naming it loads it) and save the roster:
+        400 for settings outside the schema's bounds, 409 for a name the roster or a loaded model has."""
+        check_shape(entry)
+        name = entry.name
+        if name in self.loaded or name in self.loading or any(e.name == name for e in self.config.models):
+            raise Conflict(f"a model named '{name}' already exists: remove it first (or pick another name)", "name")
+        self.config.models.append(entry)
+        await asyncio.to_thread(self.config.save)
+
+    async def forget(self, name: str) -> list[ModelEntry]:
+        """Remove name from the roster (unloading it first when loaded; its requests are aborted) and save the
+        roster; the entries removed. A default that goes is replaced by a loaded model or the first entry."""
+        if name in self.loaded:
+            self._not_benching("unload a model")
+            await self._unload(name)
+        gone = [e for e in self.config.models if e.name == name]
+        self.config.models = [e for e in self.config.models if e.name != name]
+        if self.default_id == name:
+            self.default_id = next(iter(self.loaded), None) or \
+                next((e.name for e in self.config.models if not e.remote), None)
+        await asyncio.to_thread(self.config.save)
+        log.info("removed %s from the roster", name)
+        return gone
+
     async def _load(self, entry: ModelEntry, on_demand: bool,
                     progress: Callable[[float], None] | None = None) -> LoadedModel:
         """Make room, then load entry off the loop (the scheduler thread keeps ticking the other models);
@@ -288,13 +326,16 @@ class ModelManager:
             llama.check_gguf(path)  # the plain message for each of those
             raise
         key = (str(path), st.st_size, st.st_mtime_ns, settings.ctx, settings.streams, settings.kv_dtype,
-               settings.chunk)
+               settings.chunk, settings.image_mmproj)
         if key not in self._footprints:
             try:
-                self._footprints[key] = footprint(path, settings.ctx, settings.streams, settings.kv_dtype,
-                                                  settings.chunk)
+                self._footprints[key] = with_projector(footprint(path, settings.ctx, settings.streams,
+                                                                 settings.kv_dtype, settings.chunk),
+                                                       settings.image_mmproj)
             except (NotGGUF, OSError, ValueError) as e:
                 raise ModelLoadError(f"cannot load model {path}: {e}") from None
+        if settings.rpc:  # its weights and KV cache live on the rpc-servers (the file's pages here are cache)
+            return dataclasses.replace(self._footprints[key], weights=0, kv=0)
         return self._footprints[key]
 
     async def _make_room(self, name: str, need: Footprint) -> None:

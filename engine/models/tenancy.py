@@ -7,13 +7,15 @@ and which models have outstayed their time-to-live.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from engine.errors import InvalidRequest
+from engine.errors import InvalidRequest, ModelLoadError
 from engine.system import total_ram_bytes
-from engine.models.gguf import Footprint
+from engine.models.gguf import Footprint, NotGGUF, read_metadata
 
 FOREVER = None  # a ttl that never runs out
 
@@ -105,6 +107,33 @@ def victims(tenants: list[Tenancy], busy: set[str], need: int, budget: int, rese
     if used + need <= budget and (max_loaded <= 0 or count + 1 <= max_loaded):
         return out
     return None
+
+
+def with_projector(need: Footprint, mmproj: str | None) -> Footprint:
+    """need plus what the model's vision projector takes (when it has one): its weights, which libmtmd reads
+    into buffers of its own, and the encoder's compute buffer (blocking: reads the projector's header)."""
+    if not mmproj:
+        return need
+    path = Path(mmproj).expanduser()
+    try:
+        weights, compute = path.stat().st_size, encoder_compute_bytes(read_metadata(path))
+    except (NotGGUF, OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load vision projector {path}: {e}") from None
+    return dataclasses.replace(need, weights=need.weights + weights, compute=need.compute + compute)
+
+
+def encoder_compute_bytes(meta: dict[str, object]) -> int:
+    """The vision encoder's compute buffer at its largest image, from clip's metadata: ggml reuses buffers
+    from layer to layer, so it holds about one layer's f32 activations (attention scores per head, Q/K/V/out
+    and the FFN's rows per image position) beside the image itself and the projected rows."""
+    def hp(name: str, default: int = 0) -> int:
+        v = meta.get(f"clip.vision.{name}", default)
+        return int(v) if isinstance(v, (int, float)) else default
+    side, patch = hp("image_size", 224), hp("patch_size", 14) or 14
+    n_pos = (side // patch) ** 2 + 1  # a class embedding, where the encoder has one
+    n_embd, n_ff, n_head = hp("embedding_length", 1024), hp("feed_forward_length", 4096), hp("attention.head_count", 16)
+    layer = n_head * n_pos * n_pos + n_pos * (4 * n_embd + n_ff)
+    return 4 * (layer + 3 * side * side + n_pos * hp("projection_dim", n_embd)) + (16 << 20)
 
 
 def gib(n: int) -> str:

@@ -1,7 +1,8 @@
 """Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens) on the same engine, templates, tool
 parsers, grammars and reasoning split as chat completions: a translation layer, no second engine path. A body
 becomes a ChatRequest (system -> a system message, tool_use blocks -> assistant tool_calls, tool_result blocks
--> tool messages, thinking -> enable_thinking); the reply's content, reasoning and calls become text, thinking
+-> tool messages, image blocks -> image_url data-URI parts, thinking -> enable_thinking); a remote model's goes
+upstream as chat completions (server/remote.py). The reply's content, reasoning and calls become text, thinking
 and tool_use blocks, buffered or as Anthropic's SSE events. Errors come in Anthropic's shape
 {"type": "error", "error": {"type", "message"}} (server/errors.py answers so for every /v1/messages path)."""
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pydantic import Field, field_validator, model_validator
 from engine.core.generation import Generation
 from engine.errors import EngineError, InvalidRequest
 from engine.requests import ChatRequest, SamplingParams
-from engine.tools import Event, ReplyReader, assemble
-from server import schemas, sse
+from engine.tools import Event, assemble
+from server import remote, schemas, sse
 from server.errors import anthropic_error_event
 from server.keys import SERVICE
 from server.schemas import _TOOL_NAME, read_json
@@ -44,10 +45,24 @@ class TextBlock(_Block):
     citations: list[dict] | None = None  # accepted; nothing here cites
 
 
-class ImageBlock(Shape):
-    """Refused with a clear 400 until vision exists (its fields are not checked)."""
+class Base64Source(Closed):
+    type: Literal["base64"]
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp"]
+    data: str
+
+
+class UrlSource(Closed):
+    """Declared so that the 400 can say why: remote URLs are never fetched."""
+
+    type: Literal["url"]
+    url: str
+
+
+class ImageBlock(_Block):
+    """An image, sent inline as base64 (a url source is refused)."""
 
     type: Literal["image"]
+    source: Annotated[Union[Base64Source, UrlSource], Field(discriminator="type")]
 
 
 class DocumentBlock(Shape):
@@ -202,11 +217,24 @@ def _joined(blocks: list[TextBlock]) -> str:
     return "\n\n".join(b.text for b in blocks)
 
 
-def _refuse_media(block: Any, at: str) -> None:
-    if isinstance(block, ImageBlock):
-        raise InvalidRequest(f"{at}: images are not supported yet", "messages")
+def _refuse_documents(block: Any, at: str) -> None:
     if isinstance(block, DocumentBlock):
         raise InvalidRequest(f"{at}: document blocks are not supported", "messages")
+
+
+def _image_part(b: ImageBlock, at: str) -> dict:
+    """An image block as a chat-completions image_url part (a data: URI)."""
+    if isinstance(b.source, UrlSource):
+        raise InvalidRequest(f"{at}.source: remote URLs are never fetched; send the image as a base64 source",
+                             "messages")
+    return {"type": "image_url", "image_url": {"url": f"data:{b.source.media_type};base64,{b.source.data}"}}
+
+
+def _user(parts: list[dict]) -> dict:
+    """A user message of text and image parts (its text joined as one string when it has no image)."""
+    if all(p["type"] == "text" for p in parts):
+        return {"role": "user", "content": "\n\n".join(p["text"] for p in parts)}
+    return {"role": "user", "content": parts}
 
 
 def _tool_message(b: ToolResultBlock, at: str, names: dict[str, str]) -> dict:
@@ -218,29 +246,35 @@ def _tool_message(b: ToolResultBlock, at: str, names: dict[str, str]) -> dict:
         text = b.content
     else:
         for k, part in enumerate(b.content):
-            _refuse_media(part, f"{at}.content[{k}]")
+            _refuse_documents(part, f"{at}.content[{k}]")
+            if isinstance(part, ImageBlock):
+                raise InvalidRequest(f"{at}.content[{k}]: images are not supported in a tool_result; send them as "
+                                     "image blocks of the user turn", "messages")
         text = _joined(b.content)
     return {"role": "tool", "tool_call_id": b.tool_use_id, "name": names[b.tool_use_id],
             "content": f"Error: {text}" if b.is_error else text}
 
 
 def _user_messages(blocks: list, i: int, names: dict[str, str]) -> list[dict]:
-    """A user turn's blocks in order: tool results as tool messages, the text between them as user messages."""
-    out, texts = [], []
+    """A user turn's blocks in order: tool results as tool messages, the text and images between them as user
+    messages."""
+    out, run = [], []
     for j, b in enumerate(blocks):
         at = f"messages[{i}].content[{j}]"
-        _refuse_media(b, at)
+        _refuse_documents(b, at)
         if isinstance(b, TextBlock):
-            texts.append(b)
+            run.append({"type": "text", "text": b.text})
+        elif isinstance(b, ImageBlock):
+            run.append(_image_part(b, at))
         elif isinstance(b, ToolResultBlock):
-            if texts:
-                out.append({"role": "user", "content": _joined(texts)})
-                texts = []
+            if run:
+                out.append(_user(run))
+                run = []
             out.append(_tool_message(b, at, names))
         else:
             raise InvalidRequest(f"{at}: a {b.type} block belongs in an assistant message", "messages")
-    if texts:
-        out.append({"role": "user", "content": _joined(texts)})
+    if run:
+        out.append(_user(run))
     return out
 
 
@@ -330,10 +364,10 @@ def chat_request(body: CountTokensRequest) -> ChatRequest:
 class _Reply:
     """One generation's text read as Anthropic content blocks: whole (buffered) or as stream events."""
 
-    def __init__(self, gen: Generation, body: MessagesRequest, streaming: bool):
+    def __init__(self, gen: Generation | remote.RemoteGeneration, body: MessagesRequest, streaming: bool):
         self.gen = gen
         self.max_tokens = body.max_tokens
-        self.reader = ReplyReader(gen.reading, streaming)
+        self.reader = remote.reply_reader(gen, streaming)
         self.omit_thinking = getattr(body.thinking, "display", None) == "omitted"
         self.signature = f"llamadesk-{gen.id}"  # opaque to the client, which sends it back unread
         self.index = -1  # the latest block's index (streaming)
@@ -456,7 +490,7 @@ def _event(name: str, **data: Any) -> bytes:
 async def messages(request: web.Request) -> web.StreamResponse:
     """A Messages reply: buffered, or Anthropic's SSE events with "stream": true."""
     body = parse(MessagesRequest, await read_json(request), "messages")
-    gen, = await request.app[SERVICE].chat(chat_request(body))
+    gen, = await remote.chat(request, chat_request(body), body.stream)
     reply = _Reply(gen, body, body.stream)
     if body.stream:
         return await _stream(request, gen, reply)
@@ -467,7 +501,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return web.json_response(reply.message(text))
 
 
-async def _stream(request: web.Request, gen: Generation, reply: _Reply) -> web.StreamResponse:
+async def _stream(request: web.Request, gen: Generation | remote.RemoteGeneration, reply: _Reply) -> web.StreamResponse:
     """message_start, ping, the blocks' events, message_delta, message_stop; an engine failure after the start
     ends the stream with an error event. The engine request is aborted on the way out (client gone or done)."""
     resp = await sse.open_stream(request)

@@ -4,13 +4,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, Union
 
 import numpy as np
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.multipart import BadContentDispositionHeader, BadContentDispositionParam, BodyPartReader, MultipartReader
-from pydantic import Field
+from pydantic import AfterValidator, Field, WithJsonSchema
 
 from engine.errors import InvalidRequest, ModelNotFound, PayloadTooLarge, UnsupportedMediaType
 from engine.speech import audio
@@ -20,8 +20,8 @@ from engine.speech.subtitles import subtitles
 from server import sse
 from server.errors import MAX_UPLOAD_KEY
 from server.keys import CONFIG, SERVICE
-from server.schemas import Fields, read_json
-from server.shapes import Shape, documents, parse
+from server.schemas import read_json
+from server.shapes import M, Shape, documents, parse, refuse
 
 routes = web.RouteTableDef()
 ASR_ALIASES = {"whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe"}
@@ -31,6 +31,72 @@ MAX_VAD_S = 120.0
 CONCATENATE = ("pcm", "mp3", "aac")  # formats whose pieces, sent one after another, make one valid stream
 LANGUAGES = {"en": "english"}
 LIST_FIELDS = {"timestamp_granularities"}  # the form fields that take several values (sent as name[])
+
+
+# ---- the bodies: JSON for speech and phonemes, multipart forms (text fields and a file) for the uploads --------
+
+def _form_bool(value: str) -> bool:
+    word = value.strip().lower()
+    if word not in ("true", "false"):
+        raise refuse(f"must be true or false, got {value!r}")
+    return word == "true"
+
+
+FormBool = Annotated[str, AfterValidator(_form_bool), WithJsonSchema({"type": "boolean"})]
+# form values are text: a number's field parses it ("0.2"), NaN and Infinity refused as anywhere
+FormNumber = Annotated[float, Field(strict=False, ge=0, le=1)]
+Upload = Annotated[bytes, WithJsonSchema({"type": "string", "format": "binary"})]
+
+
+def _voice_id(ref: dict[str, Any]) -> str:
+    vid = ref.get("id")
+    if not isinstance(vid, str) or not vid:
+        raise refuse("as an object needs a string 'id' naming one of the model's voices")
+    return vid
+
+
+# a voice name, a speaker id, or OpenAI's custom-voice object {"id": name} (read as its name)
+Voice = Union[str, Annotated[int, Field(ge=0)],
+              Annotated[dict[str, Any], AfterValidator(_voice_id),
+                        WithJsonSchema({"type": "object", "properties": {"id": {"type": "string"}},
+                                        "required": ["id"]})]]
+
+
+class TranscriptionForm(Shape):
+    """POST /v1/audio/transcriptions' and /translations' multipart form."""
+
+    file: Upload = Field(description="the audio: any format FFmpeg decodes")
+    model: str | None = None
+    response_format: Literal[TRANSCRIPT_FORMATS] = "json"
+    language: str | None = None  # a hint; "" or absent: detected
+    prompt: str | None = None  # accepted: the recognizers here take no prompt
+    temperature: FormNumber | None = None  # accepted: the recognizers here decode greedily
+    timestamp_granularities: list[Literal["segment", "word"]] | None = None
+    stream: FormBool | None = None  # true: transcript.text.delta events as each speech span is decoded
+
+
+class VadForm(Shape):
+    """POST /vad's multipart form."""
+
+    file: Upload = Field(description="the clip to scan for speech (at most two minutes)")
+
+
+class SpeechRequest(Shape):
+    """POST /v1/audio/speech."""
+
+    input: str | None = None  # checked with the speed by the TTS model's bounds (check_tts_input)
+    model: str | None = None
+    voice: Voice | None = None
+    speed: float | None = None  # 0.25 to 4
+    response_format: Literal[tuple(audio.FORMATS)] = "wav"
+    stream_format: Literal["audio", "sse"] | None = None  # sse: speech.audio.delta events
+    instructions: str | None = None  # accepted: the voices here take no instructions
+
+
+async def read_upload(request: web.Request, shape: type[M], route: str) -> M:
+    """A multipart upload's text fields and file (as `file`) validated as shape."""
+    fields, data = await read_form(request)
+    return parse(shape, {**fields, **({"file": data} if data is not None else {})}, route)
 
 
 async def read_form(request: web.Request) -> tuple[dict[str, Any], bytes | None]:
@@ -135,23 +201,12 @@ def _asr(request: web.Request, model: str | None):
 
 
 async def _transcribe(request: web.Request, task: str) -> web.Response:
-    fields, data = await read_form(request)
-    if data is None:
-        raise InvalidRequest("'file' is required: the audio to transcribe", "file")
-    fmt = fields.get("response_format", "json")
-    if fmt not in TRANSCRIPT_FORMATS:
-        raise InvalidRequest(f"response_format must be one of {', '.join(TRANSCRIPT_FORMATS)}, got {fmt!r}",
-                             "response_format")
-    language = fields.get("language") or None
-    svc = _asr(request, fields.get("model"))
-    stream = fields.get("stream", "false").strip().lower()
-    if stream not in ("true", "false"):
-        raise InvalidRequest(f"'stream' must be true or false, got {fields['stream']!r}", "stream")
-    Fields(fields, f"audio.{task}").use("model", "response_format", "language", "timestamp_granularities",
-                                        "prompt", "temperature", "stream").log_ignored()
-    samples = await asyncio.to_thread(audio.decode, data, ASR_RATE, request.app[CONFIG].max_audio_s,
+    form = await read_upload(request, TranscriptionForm, f"audio.{task}")
+    fmt, language = form.response_format, form.language or None
+    svc = _asr(request, form.model)
+    samples = await asyncio.to_thread(audio.decode, form.file, ASR_RATE, request.app[CONFIG].max_audio_s,
                                       "the most a transcription decodes (--max-audio-s)")  # FFmpeg: off the loop
-    if stream == "true":
+    if form.stream:
         return await _transcript_events(request, svc, samples, language, task)
     result = await svc.transcribe(samples, language, task, segments=fmt in ("verbose_json", "srt", "vtt"))
     if fmt == "text":
@@ -189,42 +244,29 @@ async def _transcript_events(request: web.Request, svc, samples: np.ndarray, lan
     return resp
 
 
+@documents("POST", "/v1/audio/transcriptions", "Transcribe audio (OpenAI Audio; multipart form)", TranscriptionForm)
 @routes.post("/v1/audio/transcriptions")
 async def transcriptions(request: web.Request) -> web.Response:
     return await _transcribe(request, "transcribe")
 
 
+@documents("POST", "/v1/audio/translations", "Translate audio into English text (OpenAI Audio; multipart form)",
+           TranscriptionForm)
 @routes.post("/v1/audio/translations")
 async def translations(request: web.Request) -> web.Response:
     return await _transcribe(request, "translate")
 
 
+@documents("POST", "/v1/audio/speech", "Speak a text (OpenAI Audio): audio bytes, or SSE events", SpeechRequest)
 @routes.post("/v1/audio/speech")
 async def speech(request: web.Request) -> web.StreamResponse:
-    f = Fields(await read_json(request), "audio.speech")
-    model = f.get("model", str)
-    text = f.get("input", str)
-    voice = f.get("voice", (str, int, dict), what="a voice name, a speaker id or {\"id\": name}")
-    if isinstance(voice, dict):  # OpenAI's custom-voice object: {"id": ...} names one of the model's voices
-        voice = voice.get("id")
-        if not isinstance(voice, str) or not voice:
-            raise InvalidRequest("'voice' as an object needs a string 'id' naming one of the model's voices", "voice")
-    if isinstance(voice, int) and voice < 0:
-        raise InvalidRequest(f"'voice' as a speaker id must be >= 0, got {voice}", "voice")
-    speed = f.get("speed", float, 1.0)
-    fmt = f.get("response_format", str, "wav")
-    stream_format = f.get("stream_format", str)
-    f.get("instructions", str)
-    f.log_ignored()
-    svc = _tts(request, model)
+    body = parse(SpeechRequest, await read_json(request), "audio.speech")
+    text, voice, fmt = body.input, body.voice, body.response_format
+    speed = 1.0 if body.speed is None else body.speed
+    svc = _tts(request, body.model)
     check_tts_input(text, speed)
-    if fmt not in audio.FORMATS:
-        raise InvalidRequest(f"response_format must be one of {', '.join(audio.FORMATS)}, got {fmt!r}",
-                             "response_format")
-    if stream_format not in (None, "audio", "sse"):
-        raise InvalidRequest(f"stream_format must be 'audio' or 'sse', got {stream_format!r}", "stream_format")
     svc.voice_id(voice)  # an unknown voice is a 400 before any audio is made
-    if stream_format == "sse":
+    if body.stream_format == "sse":
         return await _speech_events(request, svc, text, voice, speed, fmt)
     if fmt in CONCATENATE:
         # formats whose pieces concatenate: the first sentence leaves before the last is synthesized
@@ -267,17 +309,11 @@ def _tts(request: web.Request, model: str | None):
     return svc
 
 
-class VoiceRef(Shape):
-    """OpenAI's custom-voice object: its id names one of the model's voices."""
-
-    id: Annotated[str, Field(min_length=1)]
-
-
 class PhonemesRequest(Shape):
     """Text to phonemize as the text-to-speech model reads it (no audio is made)."""
 
     input: str
-    voice: str | Annotated[int, Field(ge=0)] | VoiceRef | None = None  # as /v1/audio/speech takes it
+    voice: Voice | None = None  # as /v1/audio/speech takes it
     model: str | None = None
 
 
@@ -289,8 +325,7 @@ async def phonemes(request: web.Request) -> web.Response:
     body = parse(PhonemesRequest, await read_json(request), "audio.phonemes")
     svc = _tts(request, body.model)
     check_tts_input(body.input, 1.0)
-    voice = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
-    language, sentences = await svc.phonemes(body.input, voice)
+    language, sentences = await svc.phonemes(body.input, body.voice)
     return web.json_response({"text": " ".join(text for text, _ in sentences), "language": language,
                               "sentences": [{"text": text, "phonemes": ipa} for text, ipa in sentences]})
 
@@ -301,13 +336,12 @@ async def voices(request: web.Request) -> web.Response:
     return web.json_response({"model": svc.id, "voices": svc.model.voices, "openai_voices": list(OPENAI_VOICES)})
 
 
+@documents("POST", "/vad", "Where a clip has speech: voice-activity spans (multipart form)", VadForm)
 @routes.post("/vad")
 async def vad(request: web.Request) -> web.Response:
-    _, data = await read_form(request)
-    if data is None:
-        raise InvalidRequest("'file' is required: the clip to scan for speech", "file")
+    form = await read_upload(request, VadForm, "vad")
     svc = request.app[SERVICE].speech.get("vad")
-    samples = await asyncio.to_thread(audio.decode, data, ASR_RATE, MAX_VAD_S,
+    samples = await asyncio.to_thread(audio.decode, form.file, ASR_RATE, MAX_VAD_S,
                                       "the most /vad takes (longer audio: /v1/audio/transcriptions)")
     seconds = len(samples) / ASR_RATE
     spans = await svc.spans(samples)

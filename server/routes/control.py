@@ -6,9 +6,11 @@ import asyncio
 import dataclasses
 import logging
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
+from pydantic import Field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
@@ -16,9 +18,11 @@ from engine.config import NETWORK_KEYS, OPTIONS, SECRET_KEYS, ConfigError, Model
 from engine.errors import EngineStopped as ServiceUnavailable
 from engine.errors import Forbidden, InvalidRequest
 from engine.system import VERSION
+from server import remote
 from server.access import loopback_only
 from server.keys import CONFIG, LIFECYCLE, SERVICE
-from server.schemas import Fields, read_json
+from server.schemas import read_json
+from server.shapes import NonEmpty, Shape, documents, parse
 
 routes = web.RouteTableDef()
 log = logging.getLogger("llamadesk.server")
@@ -29,9 +33,14 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": request.app[SERVICE].status, "version": VERSION})
 
 
+def _stats(request: web.Request) -> dict:
+    """The engine's counters, and the remote models' (per replica: outstanding, requests, errors, latency)."""
+    return {**request.app[SERVICE].stats(), "remote": remote.remote_stats(request.app)}
+
+
 @routes.get("/v1/stats")
 async def stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].stats())
+    return web.json_response(_stats(request))
 
 
 @routes.get("/v1/streams")
@@ -56,6 +65,8 @@ _MODEL_SERIES = (
     ("gen_tok_s", "gauge", "generated tokens per second, recent"))
 _CACHE_SERIES = (("entries", "gauge", "entries"), ("bytes", "gauge", "bytes held"),
                  ("hits", "counter", "restores"), ("evictions", "counter", "entries evicted (LRU)"))
+_REMOTE_SERIES = (("outstanding", "gauge", "requests in flight"), ("requests", "counter", "requests relayed"),
+                  ("errors", "counter", "requests that failed"))
 
 
 class _StatsCollector:
@@ -91,6 +102,26 @@ class _StatsCollector:
                                 value=self.stats["memory"]["rss_bytes"])
         yield GaugeMetricFamily("llamadesk_uptime_seconds", "seconds since start", value=self.stats["uptime_s"])
         yield from self._speech()
+        yield from self._remote()
+
+    def _remote(self):
+        """Per remote model and replica: its requests in flight, relayed, failed, and its latency."""
+        replicas = [(m["id"], r) for m in self.stats.get("remote", []) for r in m["replicas"]]
+        labels = ["model", "replica"]
+        for key, kind, help_ in _REMOTE_SERIES:
+            fam = self.family(f"remote_{key}", kind, f"remote model replica: {help_}", labels)
+            for mid, r in replicas:
+                fam.add_metric([mid, r["url"]], r[key])
+            yield fam
+        up = self.family("remote_healthy", "gauge", "remote model replica: 1 in service, 0 out", labels)
+        latency = self.family("remote_latency_ms", "gauge", "remote model replica: latency, recent requests",
+                              [*labels, "stat"])
+        for mid, r in replicas:
+            up.add_metric([mid, r["url"]], 1 if r["healthy"] else 0)
+            for q in ("avg", "p50", "p95"):
+                latency.add_metric([mid, r["url"], q], r["latency_ms"][q])
+        yield up
+        yield latency
 
     def _speech(self):
         for kind in ("asr", "tts"):
@@ -119,58 +150,93 @@ def prometheus_text(stats: dict) -> bytes:
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus metrics: the /v1/stats counters, per model."""
-    return web.Response(body=prometheus_text(request.app[SERVICE].stats()),
+    return web.Response(body=prometheus_text(_stats(request)),
                         headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4, "X-Content-Type-Options": "nosniff"})
 
 
+class LoadRequest(Shape):
+    """POST /v1/models/load: a GGUF into the roster without a restart (bounds: the roster's, checked at load)."""
+
+    path: NonEmpty = Field(description="a GGUF file on this machine")
+    name: NonEmpty | None = Field(None, description="the model's id (default: the file's stem)")
+    ctx: int | None = None
+    streams: int | None = None
+    chunk: int | None = None
+    kv_dtype: str | None = None
+    chat_template: str | None = Field(None, description="a Jinja chat template file instead of the GGUF's")
+    default: bool | None = Field(None, description="serve requests that name no model")
+
+    def entry(self) -> ModelEntry:
+        return ModelEntry(name=self.name or Path(self.path).stem, path=self.path, ctx=self.ctx, streams=self.streams,
+                          chunk=self.chunk, kv_dtype=self.kv_dtype, chat_template=self.chat_template)
+
+
+class ModelRequest(Shape):
+    """POST /v1/models/unload's and /activate's body."""
+
+    model: NonEmpty
+
+
+class ReloadRequest(ModelRequest):
+    """POST /v1/models/reload: a served model's settings, changed (the others stay)."""
+
+    ctx: int | None = None
+    streams: int | None = None
+    chunk: int | None = None
+    kv_dtype: str | None = None
+
+
+class ConfigRequest(Shape):
+    """POST /config."""
+
+    values: dict[str, Any] | None = Field(None, description="config keys and their values (null: the default)")
+    save: bool | None = Field(None, description="also write them to the config file")
+
+
+class BenchRequest(Shape):
+    """POST /bench (an empty body: the default model)."""
+
+    model: str | None = None
+
+
+@documents("POST", "/v1/models/load", "Load a GGUF into the roster without a restart", LoadRequest)
 @routes.post("/v1/models/load")
 @loopback_only
 async def load_model(request: web.Request) -> web.Response:
-    f = Fields(await read_json(request), "models.load")
-    path = f.require("path", str, "a GGUF file on this machine")
-    entry = ModelEntry(name=f.get("name", str) or Path(path).stem, path=path, ctx=f.get("ctx", int),
-                       streams=f.get("streams", int), chunk=f.get("chunk", int),  # bounds: the schema's, at load
-                       kv_dtype=f.get("kv_dtype", str), chat_template=f.get("chat_template", str))
-    default = f.get("default", bool, False)
-    f.log_ignored()
+    body = parse(LoadRequest, await read_json(request), "models.load")
+    entry = body.entry()
     svc = request.app[SERVICE]
-    await svc.roster.add(entry, make_default=default)
+    await svc.roster.add(entry, make_default=bool(body.default))
     return web.json_response(next(m for m in svc.models() if m["id"] == entry.name))
 
 
+@documents("POST", "/v1/models/reload", "Load a served model again with another ctx, streams, chunk or kv_dtype",
+           ReloadRequest)
 @routes.post("/v1/models/reload")
 @loopback_only
 async def reload_model(request: web.Request) -> web.Response:
     """Per-model settings: load a served model again with another ctx, streams, chunk or kv_dtype."""
-    f = Fields(await read_json(request), "models.reload")
-    name = f.require("model", str)
-    settings = {k: f.get(k, int) for k in ("ctx", "streams", "chunk")}
-    kv_dtype = f.get("kv_dtype", str)
-    f.log_ignored()
+    body = parse(ReloadRequest, await read_json(request), "models.reload")
     svc = request.app[SERVICE]
-    await svc.roster.reload(name, kv_dtype=kv_dtype, **settings)
-    return web.json_response(next(m for m in svc.models() if m["id"] == name))
+    await svc.roster.reload(body.model, ctx=body.ctx, streams=body.streams, chunk=body.chunk, kv_dtype=body.kv_dtype)
+    return web.json_response(next(m for m in svc.models() if m["id"] == body.model))
 
 
-async def _model_name(request: web.Request, route: str) -> str:
-    f = Fields(await read_json(request), route)
-    name = f.require("model", str)
-    f.log_ignored()
-    return name
-
-
+@documents("POST", "/v1/models/unload", "Unload a model (the roster keeps it; a request naming it loads it)",
+           ModelRequest)
 @routes.post("/v1/models/unload")
 @loopback_only
 async def unload_model(request: web.Request) -> web.Response:
-    name = await _model_name(request, "models.unload")
+    name = parse(ModelRequest, await read_json(request), "models.unload").model
     await request.app[SERVICE].roster.remove(name)
     return web.json_response({"unloaded": name})
 
 
+@documents("POST", "/v1/models/activate", "Serve requests that name no model with this one", ModelRequest)
 @routes.post("/v1/models/activate")
 @loopback_only
 async def activate_model(request: web.Request) -> web.Response:
-    name = await _model_name(request, "models.activate")
+    name = parse(ModelRequest, await read_json(request), "models.activate").model
     return web.json_response({"default": request.app[SERVICE].roster.activate(name).id})  # 404 when unknown
 
 
@@ -186,15 +252,14 @@ async def get_config(request: web.Request) -> web.Response:
                                          for m in cfg.models]})  # a remote model's key, shown as *** too
 
 
+@documents("POST", "/config", "Validate config values; with save, write them to the config file", ConfigRequest)
 @routes.post("/config")
 @loopback_only
 async def post_config(request: web.Request) -> web.Response:
     """Validate {"values": {key: value}}; with "save": true also write them as the authoritative TOML
     (they apply at the next start or reload)."""
-    f = Fields(await read_json(request), "config")
-    values = f.get("values", dict, {})
-    save = f.get("save", bool, False)
-    f.log_ignored()
+    body = parse(ConfigRequest, await read_json(request), "config")
+    values, save = body.values or {}, bool(body.save)
     parsed = {}
     for key, raw in values.items():
         opt = OPTIONS.get(key)
@@ -228,13 +293,12 @@ async def bench_state(request: web.Request) -> web.Response:
     return web.json_response({**svc.bench.state, "history": svc.bench.history})
 
 
+@documents("POST", "/bench", "Start the benchmark (llama-bench's rows) on a served model", BenchRequest)
 @routes.post("/bench")
 @loopback_only
 async def bench_start(request: web.Request) -> web.Response:
     """Start the benchmark ({"model"?}); GET /bench follows it."""
-    f = Fields(await read_json(request, empty_ok=True), "bench")
-    model = f.get("model", str)
-    f.log_ignored()
+    model = parse(BenchRequest, await read_json(request, empty_ok=True), "bench").model
     svc = request.app[SERVICE]
     m = svc.bench.begin(svc.roster.get(model))  # 404, 409 (busy) or 503 (setup mode) here, before 202
 

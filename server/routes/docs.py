@@ -1,6 +1,6 @@
 """GET /openapi.json: the OpenAPI 3.1 document of every route the application serves, generated from the router
 (what is served) and the pydantic request shapes the routes registered with server.shapes.documents (what they
-read). Routes whose bodies are still read field by field (server/schemas.py) are listed with a generic body."""
+read): a JSON body, or for the uploads a multipart form whose file is a binary string."""
 from __future__ import annotations
 
 import re
@@ -52,10 +52,9 @@ def openapi(app: web.Application) -> dict[str, Any]:
 
 
 def _body(path: str, schema: dict | None) -> dict:
-    if path in _UPLOADS:
-        return {"required": True, "content": {"multipart/form-data": {"schema": {"type": "object"}}}}
-    return {"required": schema is not None,
-            "content": {"application/json": {"schema": schema or {"type": "object"}}}}
+    media = "multipart/form-data" if path in _UPLOADS else "application/json"
+    return {"required": schema is not None or path in _UPLOADS,
+            "content": {media: {"schema": schema or {"type": "object"}}}}
 
 
 def _responses() -> dict:

@@ -1,7 +1,9 @@
 """The Ollama API (/api/*) on the same engine, templates, tool parsers, grammars and reasoning split as
 chat completions: a translation layer, no second engine path. Errors come in Ollama's shape {"error": "..."}
-(server/errors.py answers so for every /api/ path). Model names are ours, or Ollama's `name:latest` for them;
-pulling, copying, creating and deleting models works on the roster (server/ollama_models.py)."""
+(server/errors.py answers so for every /api/ path). Images (base64) become chat image_url parts; a remote
+model's chat and generate go upstream as chat completions (server/remote.py). Model names are ours, or
+Ollama's `name:latest` for them; pulling, copying, creating and deleting models works on the roster
+(server/ollama_models.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +21,8 @@ from engine.errors import EngineError, InvalidRequest
 from engine.models.tenancy import parse_keep_alive
 from engine.requests import KEEP, ChatRequest, CompletionRequest, SamplingParams
 from engine.system import VERSION
-from engine.tools import ReplyReader, assemble
-from server import ollama_models
+from engine.tools import assemble
+from server import ollama_models, remote
 from server.access import loopback_only
 from server.keys import SERVICE
 from server.schemas import (ChatTool, MinP, Penalty, RepeatPenalty, Stop, Temperature, TopK, TopP,
@@ -83,13 +85,14 @@ class OllamaMessage(Shape):
     tool_calls: list[OllamaToolCall] | None = None  # arguments as objects
     tool_name: str | None = None  # a tool message: the tool whose result it is
     thinking: str | None = None  # an earlier reply's reasoning: not replayed to the template
-    images: list[Any] | None = None  # refused until vision exists
+    images: list[str] | None = None  # base64, each an image_url part before the content
 
     def as_chat(self, i: int) -> dict[str, Any]:
-        """The message in chat-completions form (calls with ids and JSON-string arguments, the tool's name)."""
-        if self.images:
-            raise InvalidRequest(f"messages[{i}].images: images are not supported yet", "messages")
+        """The message in chat-completions form (calls with ids and JSON-string arguments, the tool's name,
+        images as data-URI parts)."""
         msg = self.model_dump(exclude_unset=True, exclude={"thinking", "images", "tool_calls", "tool_name"})
+        if self.images:
+            msg["content"] = _with_images(self.images, self.content or "")
         if self.tool_name is not None:
             msg["name"] = self.tool_name
         if self.tool_calls is not None:
@@ -150,7 +153,7 @@ class OllamaGenerateRequest(_Generating):
     prompt: str = ""  # empty: load the model (or with keep_alive 0, unload it)
     system: str | None = None
     raw: bool = False
-    images: list[Any] | None = None  # refused until vision exists
+    images: list[str] | None = None  # base64, with the prompt's user message (not with "raw")
 
 
 class OllamaEmbedRequest(_KeepAlive):
@@ -262,6 +265,29 @@ _UNSUPPORTED = {  # Ollama's create fields no roster key holds, and what to do i
 }
 
 
+_MAGIC = (("iVBORw0KGgo", "image/png"), ("/9j/", "image/jpeg"), ("R0lGOD", "image/gif"), ("UklGR", "image/webp"),
+          ("Qk", "image/bmp"))  # how each format's first bytes read in base64
+
+
+def _with_images(images: list[str], text: str) -> list[dict[str, Any]]:
+    """Ollama's base64 images and a text as chat-completions content parts: image_url data URIs (a media type
+    from the image's first bytes, for upstreams that read it; Pillow reads the bytes themselves), then the text."""
+    def url(b64: str) -> str:
+        if b64[:5].lower() == "data:":
+            return b64
+        kind = next((t for head, t in _MAGIC if b64.startswith(head)), "application/octet-stream")
+        return f"data:{kind};base64,{b64}"
+    return [*({"type": "image_url", "image_url": {"url": url(b)}} for b in images), {"type": "text", "text": text}]
+
+
+def _model(request: web.Request, name: str) -> str:
+    """Our id for an Ollama model name: a remote entry's (with or without ':latest'), else the roster's."""
+    for candidate in (name, name.removesuffix(ollama_models.LATEST)):
+        if remote.is_remote(request, candidate):
+            return candidate
+    return ollama_models.resolve(request.app[SERVICE], name)
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
@@ -344,12 +370,28 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+_FOREVER = "2318-01-01T00:00:00Z"  # Ollama's expires_at for a model that stays
+_REMOTE_DETAILS = {"format": "remote", "family": "", "families": [], "parameter_size": "", "quantization_level": ""}
+
+
+def _remote_cards(request: web.Request) -> dict[str, dict]:
+    return {c["id"]: c for c in remote.model_cards(request.app)}
+
+
+def _remote_of(card: dict) -> dict:
+    """Ollama's fields for a model served elsewhere (its cloud models carry them too)."""
+    return {"remote_model": card["remote_model"], "remote_host": card["replicas"][0]["url"] if card["replicas"]
+            else ""}
+
+
 @routes.get("/api/tags")
 async def tags(request: web.Request) -> web.Response:
     """The models this server can serve, loaded or not, as `ollama list` shows them."""
     out = [{"name": m["id"], "model": m["id"], "modified_at": _iso(m["created"]),
             "size": m.get("file_size", m.get("size", 0)), "digest": "", "details": _details(m)}
            for m in _llms(request)]
+    out += [{"name": c["id"], "model": c["id"], "modified_at": _iso(c["created"]), "size": 0, "digest": "",
+             "details": _REMOTE_DETAILS, **_remote_of(c)} for c in _remote_cards(request).values()]
     return web.json_response({"models": out})
 
 
@@ -361,9 +403,11 @@ async def ps(request: web.Request) -> web.Response:
         if m["state"] != "loaded":
             continue
         ttl = m.get("ttl_s")
-        expires = _iso(time.time() + ttl) if ttl is not None else "2318-01-01T00:00:00Z"  # Ollama's "forever"
+        expires = _iso(time.time() + ttl) if ttl is not None else _FOREVER
         out.append({"name": m["id"], "model": m["id"], "size": m.get("memory_bytes") or m.get("file_size", 0),
                     "size_vram": 0, "digest": "", "expires_at": expires, "details": _details(m)})
+    out += [{"name": c["id"], "model": c["id"], "size": 0, "size_vram": 0, "digest": "", "expires_at": _FOREVER,
+             "details": _REMOTE_DETAILS, **_remote_of(c)} for c in _remote_cards(request).values() if c["healthy"]]
     return web.json_response({"models": out})
 
 
@@ -378,6 +422,10 @@ async def show(request: web.Request) -> web.Response:
     """The model's details, capabilities and chat template (an unloaded model is loaded first)."""
     body = parse(OllamaShowRequest, await read_json(request), "ollama.show")
     svc = request.app[SERVICE]
+    card = _remote_cards(request).get(_model(request, body.named()))
+    if card is not None:
+        return web.json_response({"modelfile": "", "parameters": "", "template": "", "details": _REMOTE_DETAILS,
+                                  "capabilities": ["completion"], "model_info": {}, **_remote_of(card)})
     async with svc.roster.lease(ollama_models.resolve(svc, body.named())) as loaded:
         info = next(m for m in svc.models() if m["id"] == loaded.id)
     caps = ["embedding"] if loaded.embedding_only else ["completion"] + (["tools"] if loaded.tool_format != "none"
@@ -396,14 +444,13 @@ async def show(request: web.Request) -> web.Response:
 async def chat(request: web.Request) -> web.StreamResponse:
     """A chat turn: streamed as NDJSON lines by default ("stream": false for one object)."""
     body = parse(OllamaChatRequest, await read_json(request), "ollama.chat")
-    svc = request.app[SERVICE]
-    req = body.chat(ollama_models.resolve(svc, body.model))
+    req = body.chat(_model(request, body.model))
     if not req.messages:  # Ollama's way to load a model (or, with keep_alive 0, to unload it)
-        return await _load_or_unload(svc, req.model, req.keep_alive, {"message": {"role": "assistant",
-                                                                                    "content": ""}})
+        return await _load_or_unload(request, req.model, req.keep_alive, {"message": {"role": "assistant",
+                                                                                        "content": ""}})
     t0 = time.monotonic()
-    gen, = await svc.chat(req)
-    reader = ReplyReader(gen.reading, streaming=False)  # calls come whole, as Ollama sends them
+    gen, = await remote.chat(request, req, body.stream)
+    reader = remote.reply_reader(gen, streaming=False)  # calls come whole, as Ollama sends them
 
     def message(content: str, thinking: str = "", calls: list[dict] | None = None) -> dict:
         msg: dict[str, Any] = {"role": "assistant", "content": content}
@@ -441,33 +488,42 @@ async def chat(request: web.Request) -> web.StreamResponse:
 async def generate(request: web.Request) -> web.StreamResponse:
     """A completion: the prompt through the model's chat template (with "system"), or as it is with "raw"."""
     body = parse(OllamaGenerateRequest, await read_json(request), "ollama.generate")
-    if body.images:
-        raise InvalidRequest("'images': images are not supported yet", "images")
     svc = request.app[SERVICE]
-    model, sampling, fmt, keep = ollama_models.resolve(svc, body.model), body.sampling(), body.output(), body.keep()
+    model, sampling, fmt, keep = _model(request, body.model), body.sampling(), body.output(), body.keep()
     if not body.prompt:  # Ollama's way to load a model (or, with keep_alive 0, to unload it): done at once
-        return await _load_or_unload(svc, model, keep, {"response": ""})
+        return await _load_or_unload(request, model, keep, {"response": ""})
     t0 = time.monotonic()
     if body.raw:
-        if fmt is not None:
-            raise InvalidRequest("'format' needs the chat template: not with \"raw\": true", "format")
+        for field, why in (("format", "needs the chat template"), ("images", "go with the chat template's user turn")):
+            if getattr(body, field):
+                raise InvalidRequest(f"'{field}' {why}: not with \"raw\": true", field)
+        if remote.is_remote(request, model):
+            raise InvalidRequest(f"model '{model}' is remote: its prompts go through its chat template (\"raw\" is "
+                                 "for local models)", "raw")
         gen, = await svc.complete(CompletionRequest(model, body.prompt, sampling, keep_alive=keep))
     else:
         messages = [{"role": "system", "content": body.system}] if body.system else []
-        messages.append({"role": "user", "content": body.prompt})
-        gen, = await svc.chat(ChatRequest(model, messages, sampling, response_format=fmt, keep_alive=keep))
+        messages.append({"role": "user", "content": _with_images(body.images, body.prompt) if body.images
+                         else body.prompt})
+        gen, = await remote.chat(request, ChatRequest(model, messages, sampling, response_format=fmt,
+                                                      keep_alive=keep), body.stream)
 
     async def parts():
         async for text in gen.chunks():
-            yield {"response": text}
+            if text:  # a remote reply's reasoning comes as chunks without content
+                yield {"response": text}
 
     async def whole() -> dict:
         return {"response": await gen.text()}
     return await _reply(request, gen, t0, body.stream, parts(), whole, {"response": ""})
 
 
-async def _load_or_unload(svc, model: str, keep, empty: dict) -> web.Response:
-    """An empty chat or generate: load the model (JIT) and keep it as keep_alive says, or unload it for 0."""
+async def _load_or_unload(request: web.Request, model: str, keep, empty: dict) -> web.Response:
+    """An empty chat or generate: load the model (JIT) and keep it as keep_alive says, or unload it for 0 (a
+    remote model is served elsewhere: nothing to do)."""
+    svc = request.app[SERVICE]
+    if remote.is_remote(request, model):
+        return web.json_response({"model": model, "created_at": _now(), **empty, "done": True, "done_reason": "load"})
     if keep == 0:
         unloaded = await svc.roster.release(model)
         return web.json_response({"model": model, "created_at": _now(), **empty, "done": True,

@@ -11,8 +11,9 @@ from aiohttp import web
 
 from engine.errors import EngineError, ModelNotFound
 from engine.core.generation import Generation
+from engine.models.loaded import LoadedModel
 from engine.tools import Event, ReplyReader, assemble
-from server import schemas, sse
+from server import remote, schemas, sse
 from server.errors import sse_error_event
 from server.keys import SERVICE
 from server.shapes import documents
@@ -22,16 +23,42 @@ routes = web.RouteTableDef()
 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": request.app[SERVICE].models()})
+    """Every model this server serves: its own (loaded, loading, on disk, speech) and the roster's remote ones."""
+    return web.json_response({"object": "list", "data": _model_cards(request)})
 
 
 @routes.get("/v1/models/{id}")
 async def get_model(request: web.Request) -> web.Response:
     mid = request.match_info["id"]
-    for m in request.app[SERVICE].models():
+    for m in _model_cards(request):
         if m["id"] == mid:
             return web.json_response(m)
     raise ModelNotFound(f"The model '{mid}' does not exist", "model")
+
+
+def _model_cards(request: web.Request) -> list[dict[str, Any]]:
+    svc = request.app[SERVICE]
+    own = [{**card, "capabilities": _capabilities(svc.roster.loaded.get(card["id"]), card)} for card in svc.models()]
+    # what a remote model can do is the upstream's to say: nothing is claimed for it
+    return own + [{**card, "capabilities": []} for card in remote.model_cards(request.app)]
+
+
+def _capabilities(m: LoadedModel | None, card: dict[str, Any]) -> list[str]:
+    """What the model is known to do (Ollama's capability names): for a loaded model from its GGUF and chat
+    template; for one not loaded, only its kind."""
+    kind = card.get("kind")
+    if kind == "asr":
+        return ["transcription"] + (["translation"] if card.get("can_translate") else [])
+    if kind == "tts":
+        return ["speech"]
+    if m is None:
+        return {"llm": ["completion"], "embedding": ["embedding"]}.get(kind, [])
+    if m.model.is_reranker:
+        return ["rerank"]
+    if m.embedding_only:
+        return ["embedding"]
+    return ["completion", *(["tools"] if m.tool_format != "none" else []), *(["thinking"] if m.thinks else []),
+            *(["vision"] if m.vision else [])]
 
 
 def _timings(gens: list[Generation]) -> dict:
@@ -239,8 +266,13 @@ def _completion_logprobs(entries: list[dict], offset: int) -> dict:
            schemas.TextCompletionRequest)
 @routes.post("/v1/completions")
 async def completions(request: web.Request) -> web.StreamResponse:
-    req, opts = schemas.completion_request(await schemas.read_json(request))
-    gens = await request.app[SERVICE].complete(req, opts.n)
+    req, opts, suffix = schemas.completion_request(await schemas.read_json(request))
+    svc = request.app[SERVICE]
+    if suffix is None:
+        gens = await svc.complete(req, opts.n)
+    else:  # fill in the middle, as /infill does: the prompt before the gap, the suffix after it
+        gens = await svc.generator.infill(req.model, req.prompt, suffix, "", req.sampling, opts.n, req.keep_alive,
+                                          field="suffix")
     cid = f"cmpl-{gens[0].id}"
     prefix = req.prompt if req.echo and isinstance(req.prompt, str) else ""
     if opts.stream:

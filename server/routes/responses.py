@@ -1,8 +1,9 @@
 """The OpenAI Responses API (/v1/responses) on the same engine, templates, tool parsers, grammars and reasoning
 split as chat completions: a translation layer, no second engine path.
 
-The body is declared once below (pydantic shapes); its input items become chat messages, and the whole becomes
-a chat-completions body checked and run as one. The reply's events (content, reasoning, tool calls) become
+The body is declared once below (pydantic shapes); its input items become chat messages (input_image parts
+image_url data-URI parts), and the whole becomes a chat-completions body checked and run as one (a remote
+model's sent upstream as chat completions: server/remote.py). The reply's events (content, reasoning, tool calls) become
 Responses output items: whole, or built before the client's eyes as the typed SSE event sequence. Responses
 are kept (`store`, the default) in server/store.py's SQLite file, so a request can continue a conversation by
 `previous_response_id`, also after a restart.
@@ -24,8 +25,8 @@ from pydantic import ConfigDict, Discriminator, Field, StringConstraints, Tag
 from engine.config import APP_NAME
 from engine.core.generation import Generation
 from engine.errors import EngineError, InvalidRequest, NotFound
-from engine.tools import Event, ReplyReader
-from server import schemas, sse
+from engine.tools import Event
+from server import remote, schemas, sse
 from server.keys import CONFIG, SERVICE
 from server.schemas import read_json
 from server.shapes import Shape, documents, parse
@@ -54,13 +55,22 @@ class Refusal(Shape):
     refusal: str
 
 
+class InputImage(Shape):
+    """An image as a data: URI in image_url (remote URLs are never fetched; file_id is refused: no Files API)."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: Literal["low", "high", "auto"] | None = None  # accepted; a projector reads an image one way
+
+
 class MediaPart(Shape):
-    """Images, files and audio: declared so that the 400 can say they are not read yet."""
+    """Files and audio: declared so that the 400 can say they are not read."""
 
-    type: Literal["input_image", "input_file", "input_audio"]
+    type: Literal["input_file", "input_audio"]
 
 
-Part = Annotated[Union[InputText, OutputText, Refusal, MediaPart], Field(discriminator="type")]
+Part = Annotated[Union[InputText, OutputText, Refusal, InputImage, MediaPart], Field(discriminator="type")]
 
 
 class Message(Shape):
@@ -245,19 +255,36 @@ def _parts(parts: list, kind: str, at: str) -> list[dict[str, Any]]:
     out = []
     for j, p in enumerate(parts):
         if isinstance(p, MediaPart):
-            raise InvalidRequest(f"'{at}[{j}]': {p.type} parts are not supported: no served model reads images, "
-                                 "files or audio", "input")
-        if isinstance(p, Refusal):
+            raise InvalidRequest(f"'{at}[{j}]': {p.type} parts are not supported: no served model reads files or "
+                                 "audio", "input")
+        if isinstance(p, InputImage):
+            out.append(_image(p, f"{at}[{j}]"))
+        elif isinstance(p, Refusal):
             out.append({"type": "refusal", "refusal": p.refusal})
         else:  # input_text and output_text alike: the role says which the model wrote
             out.append({"type": kind, "text": p.text, **({"annotations": []} if kind == "output_text" else {})})
     return out
 
 
+def _image(p: InputImage, at: str) -> dict[str, Any]:
+    if p.file_id is not None or p.image_url is None:
+        raise InvalidRequest(f"'{at}': files are not supported here (no Files API, so no file_id): send the image "
+                             "as a data: URI in image_url", "input")
+    return {"type": "input_image", "image_url": p.image_url, "detail": p.detail or "auto"}
+
+
 def _text(content: str | list[dict[str, Any]]) -> str:
     if isinstance(content, str):
         return content
     return "".join(p.get("text", p.get("refusal", "")) for p in content)
+
+
+def _content(content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message's content in chat-completions form: its text, or with images its text and image_url parts."""
+    if isinstance(content, str) or all(p["type"] != "input_image" for p in content):
+        return _text(content)
+    return [{"type": "image_url", "image_url": {"url": p["image_url"]}} if p["type"] == "input_image" else
+            {"type": "text", "text": _text([p])} for p in content]
 
 
 def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -281,7 +308,7 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list
             assistant(_text(item["content"]))
         elif kind == "message":
             out.append({"role": "system" if item["role"] == "developer" else item["role"],
-                        "content": _text(item["content"])})
+                        "content": _content(item["content"])})
         elif kind == "function_call":
             last = out[-1] if out and out[-1]["role"] == "assistant" else assistant(None)
             last.setdefault("tool_calls", []).append(
@@ -466,14 +493,15 @@ class Output:
 class Turn:
     """One response being made: the request, its generation, the output so far, and the Response object."""
 
-    def __init__(self, request: web.Request, req: ResponsesRequest, gen: Generation, items: list[dict[str, Any]]):
+    def __init__(self, request: web.Request, req: ResponsesRequest, gen: Generation | remote.RemoteGeneration,
+                 items: list[dict[str, Any]]):
         self.app = request.app
         self.req = req
         self.gen = gen
         self.items = items  # this request's own input items (what input_items lists)
         self.id = _new_id("resp")
         self.created = int(time.time())
-        self.reader = ReplyReader(gen.reading, streaming=bool(req.stream))
+        self.reader = remote.reply_reader(gen, streaming=bool(req.stream))
         self.output = Output(summary=bool(req.reasoning and req.reasoning.summary))
         self.stored = req.store is not False and self.app[STORE].enabled
 
@@ -525,14 +553,15 @@ class Turn:
         """The Responses usage object; reasoning tokens are the reasoning text's count (the engine counts the
         reply's tokens, not which part of it they went to)."""
         u = self.gen.usage
-        reasoning = self.output.reasoning
-        thought = len((await self.app[SERVICE].generator.tokenize(self.gen.model, reasoning, False, True))[1]) \
-            if reasoning else 0
+        thought = u["reasoning_tokens"] if "reasoning_tokens" in u else await self._count(self.output.reasoning)
         return {"input_tokens": u["prompt_tokens"],
                 "input_tokens_details": {"cached_tokens": u["cached_tokens"], "cache_write_tokens": 0},
                 "output_tokens": u["completion_tokens"],
                 "output_tokens_details": {"reasoning_tokens": min(thought, u["completion_tokens"])},
                 "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
+
+    async def _count(self, text: str) -> int:
+        return len((await self.app[SERVICE].generator.tokenize(self.gen.model, text, False, True))[1]) if text else 0
 
     async def finished(self) -> dict[str, Any]:
         """The final Response object, kept in the store when asked to."""
@@ -552,7 +581,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     history = await _conversation(request, req.previous_response_id) if req.previous_response_id else []
     with _responses_params():
         chat, _ = schemas.chat_request(chat_body(req, [*history, *items]))
-        gen, = await request.app[SERVICE].chat(chat)
+        gen, = await remote.chat(request, chat, bool(req.stream))
     turn = Turn(request, req, gen, items)
     if req.stream:
         return await _stream(request, turn)

@@ -33,11 +33,19 @@ class DetokenizeRequest(Shape):
     model: str | None = None
 
 
+class ExtraChunk(Shape):
+    """Context from another file for /infill (llama-server's input_extra entries)."""
+
+    text: str = ""
+    filename: str = "tmp"
+
+
 class InfillRequest(schemas.Sampling):
     """POST /infill: llama-server's fill-in-the-middle fields, and the sampling fields."""
 
     input_prefix: str = ""
     input_suffix: str = ""
+    input_extra: list[ExtraChunk] = []  # before the prefix: other files' text, each after its filename
     prompt: str = ""  # what the middle starts with
     n_predict: Annotated[int, Field(ge=1)] | None = None  # llama-server's max_tokens
     stream: bool = False
@@ -85,14 +93,15 @@ async def apply_template(request: web.Request) -> web.Response:
            InfillRequest)
 @routes.post("/infill")
 async def infill(request: web.Request) -> web.StreamResponse:
-    """llama-server's fill-in-the-middle: {input_prefix, input_suffix, prompt?, n_predict | max_tokens, sampling,
-    stream?, model?} -> {content, stop, finish_reason, tokens_predicted, tokens_evaluated, timings}."""
+    """llama-server's fill-in-the-middle: {input_prefix, input_suffix, input_extra?, prompt?, n_predict |
+    max_tokens, sampling, stream?, model?} -> {content, stop, finish_reason, tokens_predicted, tokens_evaluated, timings}."""
     body = parse(InfillRequest, await read_json(request), "infill")
     sampling = body.sampling()
     if body.n_predict is not None and sampling.max_tokens is None:
         sampling.max_tokens = body.n_predict
     svc = request.app[SERVICE]
-    gen, = await svc.generator.infill(body.model, body.input_prefix, body.input_suffix, body.prompt, sampling)
+    gen, = await svc.generator.infill(body.model, body.input_prefix, body.input_suffix, body.prompt, sampling,
+                                      extra=[(c.filename, c.text) for c in body.input_extra])
 
     def ending() -> dict:
         u = gen.usage

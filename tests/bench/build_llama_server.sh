@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Build llama.cpp's llama-server from the source vendored in the llama-cpp-python sdist that
-# llamadesk uses, with the same CPU flags as the Makefile's wheel, into a cache dir.
-# Usage: build_llama_server.sh [CACHE_DIR]   -> prints the path of llama-server
+# Build llama.cpp's llama-server (or its RPC server, ggml-rpc-server: `llamadesk rpc-server` runs it) from the
+# source vendored in the llama-cpp-python sdist that llamadesk uses, with the same CPU flags as the Makefile's
+# wheel, into a cache dir. GGML_RPC is on: an rpc-server speaks the RPC protocol of that same ggml.
+# Usage: build_llama_server.sh [CACHE_DIR] [llama-server|ggml-rpc-server]   -> prints the path of the binary
 set -euo pipefail
 VERSION=0.3.36
 CACHE=${1:-$HOME/.cache/llamadesk}
+TARGET=${2:-llama-server}
+case "$TARGET" in llama-server|ggml-rpc-server) ;; *) echo "unknown target $TARGET" >&2; exit 2;; esac
 OUT=$CACHE/llama.cpp-$VERSION
-BIN=$OUT/build/bin/llama-server
+BIN=$OUT/build/bin/$TARGET
 if [ -x "$BIN" ]; then echo "$BIN"; exit 0; fi
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
@@ -19,8 +22,8 @@ if [ ! -d "$OUT/src" ]; then
 fi
 FLAGS=""
 [ "$(uname -m)" = x86_64 ] && FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-cmake -S "$OUT/src" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+cmake -S "$OUT/src" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_RPC=ON -DLLAMA_CURL=OFF \
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
   -DLLAMA_USE_PREBUILT_UI=OFF -DCMAKE_C_FLAGS="$FLAGS" -DCMAKE_CXX_FLAGS="$FLAGS" >&2
-cmake --build "$OUT/build" --config Release --target llama-server -j"$(nproc)" >&2
+cmake --build "$OUT/build" --config Release --target "$TARGET" -j"$(nproc)" >&2
 echo "$BIN"

@@ -81,6 +81,14 @@ def test_when_every_probe_fails_the_baseline_variant_is_used(tmp_path):
     assert [n for n, _ in choice.excluded] == ["sapphirerapids", "icelake", "x64"]
 
 
+def test_without_a_model_the_best_variant_not_remembered_as_failing_is_used_unprobed(tmp_path):
+    verdicts = Verdicts(tmp_path / "cpu-variants.json", "cpu")
+    verdicts.put("sapphirerapids", "killed by SIGILL")
+    choice = choose(_three(tmp_path), None, Verdicts(verdicts.path, "cpu"))
+    assert choice.variant.name == "icelake" and choice.excluded == [("sapphirerapids", "killed by SIGILL")]
+    assert Verdicts(verdicts.path, "cpu").get("icelake") is None  # nothing was learnt about it
+
+
 def test_an_unreadable_verdict_file_means_probing_again(tmp_path):
     path = tmp_path / "cpu-variants.json"
     path.write_text("{not json")
@@ -90,8 +98,44 @@ def test_an_unreadable_verdict_file_means_probing_again(tmp_path):
     assert Verdicts(path, "cpu").get("sapphirerapids") == "ok"  # and the file is whole again
 
 
-def test_the_signature_is_stable_and_the_native_build_has_no_variants():
+VARIANT_BUILD = bool(list(backends.library_dir().glob("*ggml-cpu-*")))
+
+
+def test_the_signature_is_stable():
     assert backends.cpu_signature() == backends.cpu_signature()
     assert len(backends.cpu_signature()) == 16
+
+
+@pytest.mark.skipif(VARIANT_BUILD, reason="the wheel carries CPU variants (a bundle's)")
+def test_the_native_build_has_no_variants_and_loads_as_before(tmp_path):
     # the test environment's wheel is the native build (Makefile): llama.cpp loads its one CPU backend
     assert cpu_variants(backends.library_dir()) == []
+    assert backends.load(None, tmp_path).variant is None and not (tmp_path / "cpu-variants.json").exists()
+
+
+_SERVE_WITH_THE_CHOICE = """
+import sys, llama_cpp as L
+from pathlib import Path
+from engine import backends, system
+choice = backends.load(Path(sys.argv[1]), Path(sys.argv[2]))
+L.llama_backend_init()
+model = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
+print(choice.variant.name if model else "no model")
+print(system.hardware_line())
+"""
+
+
+@pytest.mark.skipif(not VARIANT_BUILD, reason="needs the variant wheel (installer/wheel.sh cpu)")
+def test_a_variant_wheel_probes_its_best_variant_and_then_serves_with_it(assets, tmp_path):
+    """With the real variant wheel: the best variant here passes a real probe child with a quantized model, the
+    process that loads it (through the libggml copy libllama links) loads the model, and the hardware line names it."""
+    best = cpu_variants(backends.library_dir())[0]
+    model = assets["smollm2"]  # SmolLM2 Q4_1: quantized, as the AMX kernel that faults wants
+    r = subprocess.run([sys.executable, "-c", _SERVE_WITH_THE_CHOICE, str(model), str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    name, hardware = r.stdout.splitlines()[-2:]
+    assert name == best.name
+    assert hardware.endswith(f"CPU variant {best.name}")
+    verdicts = Verdicts(tmp_path / "cpu-variants.json", backends.cpu_signature())
+    assert verdicts.get(best.name) == "ok"

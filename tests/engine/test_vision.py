@@ -402,3 +402,29 @@ def test_the_host_ram_prompt_cache_keys_images_by_their_bytes(srv):
     _, other = chat(srv, [content[0], image_part(data_url(noise(22)))], model="vision-cache")
     assert m.stats.ram_reused_tokens == again["cached_tokens"]  # nothing restored for another image
     assert other["prompt_tokens"] - other["cached_tokens"] > N_POS
+
+
+# ---- the projector in the memory estimate ------------------------------------------------------------------
+
+def test_the_footprint_counts_the_projector(assets, tmp_path):
+    import gguf
+
+    from engine.config import ModelEntry
+    from engine.models.manager import ModelManager
+    toml = tmp_path / "llamadesk.toml"
+    toml.write_text("")
+    roster = ModelManager(config.load(["--config", str(toml), "--ctx", "1024", "--streams", "1"]), None, lambda _: None)
+    plain = ModelEntry(name="text", path=str(assets["smollm2"]))
+    with_tower = ModelEntry(name="vision", path=str(assets["smollm2"]), image_mmproj=str(assets["mmproj"]))
+    before = roster.footprint(assets["smollm2"], roster.settings_for(plain))
+    after = roster.footprint(assets["smollm2"], roster.settings_for(with_tower))
+    tensor_bytes = sum(int(t.n_bytes) for t in gguf.GGUFReader(assets["mmproj"]).tensors)
+    assert after.weights - before.weights >= tensor_bytes > 0
+    assert after.compute > before.compute and after.kv == before.kv
+    assert after.total - before.total >= tensor_bytes
+
+    bad = tmp_path / "mmproj-bad.gguf"
+    bad.write_bytes(b"not a projector")
+    with pytest.raises(ModelLoadError, match="vision projector"):
+        roster.footprint(assets["smollm2"], roster.settings_for(ModelEntry(name="b", path=str(assets["smollm2"]),
+                                                                           image_mmproj=str(bad))))

@@ -290,7 +290,8 @@ BASE = {"model": "smollm2", "max_tokens": 4, "messages": QUESTION}
     ({**BASE, "messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
     ({**BASE, "messages": [{"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}]}, "x"),
     ({**BASE, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ({**BASE, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "images are not"),
+    ({**BASE, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     "messages[0].content[0].source"),
     ({**BASE, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "document"),
     ({**BASE, "messages": [{"role": "user", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}, "assistant message"),
@@ -300,8 +301,8 @@ BASE = {"model": "smollm2", "max_tokens": 4, "messages": QUESTION}
      "tool_use_id"),
     ({**BASE, "messages": [*QUESTION, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": {}}]}, {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {}}]}]}]},
-     "images are not"),
+            {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {
+                "type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}]}, "images are not"),
     ({**BASE, "messages": [*QUESTION, {"role": "assistant", "content": "The answer is"}]}, "last message"),
     ({**BASE, "system": 5}, "system"),
     ({**BASE, "system": [{"type": "image"}]}, "system[0]"),

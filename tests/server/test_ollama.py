@@ -166,16 +166,16 @@ def test_history_fields_ollama_sends_back(client, smol_server):
                     options={"temperature": 0, "num_predict": 8})
     assert r.done
     for bad, words in (({"thinking": 5}, "messages[1].thinking"), ({"tool_name": ["x"]}, "messages[1].tool_name"),
-                       ({"images": ["aGk="]}, "images are not supported")):
+                       ({"images": [5]}, "messages[1].images[0]")):
         status, body = call(smol_server, "POST", "/api/chat", {
             "model": "smollm2", "stream": False, "messages": [QUESTION, {"role": "assistant", "content": "x", **bad}]})
         assert status == 400 and words in body["error"], body
 
 
-def test_generate_refuses_images_and_a_num_predict_of_zero(smol_server):
+def test_generate_refuses_images_to_a_model_without_vision_and_a_num_predict_of_zero(smol_server):
     status, body = call(smol_server, "POST", "/api/generate", {"model": "smollm2", "prompt": "What is this?",
                                                                 "images": ["aGk="], "stream": False})
-    assert status == 400 and "images are not supported" in body["error"]
+    assert status == 400 and "has no vision" in body["error"], body
     status, body = call(smol_server, "POST", "/api/generate", {"model": "smollm2", "prompt": "x", "stream": False,
                                                                 "options": {"num_predict": 0}})
     assert status == 400 and "options.num_predict" in body["error"]

@@ -312,3 +312,26 @@ def test_a_sense_voice_model_transcribes_through_the_openai_client(assets, asr_s
         assert status == 400 and "cannot translate" in body["error"]["message"], body
     finally:
         srv.stop()
+
+
+def test_the_transcription_forms_fields_are_read_and_checked(speech_server):
+    """language, prompt, temperature and timestamp_granularities through the SDK; their bad values are 400s
+    naming them (a form's values are text: temperature is parsed, NaN refused as anywhere)."""
+    client = speech_server.client()
+    clip = speak(speech_server, SENTENCES[1])
+    heard = client.audio.transcriptions.create(model="whisper-1", file=("a.wav", clip), language="en",
+                                               prompt="A coffee order.", temperature=0.2,
+                                               response_format="verbose_json", timestamp_granularities=["segment"])
+    assert wer(SENTENCES[1], heard.text) <= 0.2 and heard.segments
+    # (this English-only model cannot translate: the same fields read on /translations reach that refusal)
+    status, body = upload(speech_server, "/v1/audio/translations", clip, prompt="x", temperature="0.2")
+    assert status == 400 and "cannot translate" in body["error"]["message"]
+    for fields, param in (({"temperature": "warm"}, "temperature"), ({"temperature": "nan"}, "temperature"),
+                          ({"temperature": "3"}, "temperature"), ({"timestamp_granularities[]": "minute"},
+                                                                  "timestamp_granularities"),
+                          ({"response_format": "xml"}, "response_format")):
+        for path in ("/v1/audio/transcriptions", "/v1/audio/translations"):
+            status, body = upload(speech_server, path, clip, **fields)
+            assert status == 400 and body["error"]["param"] == param, (fields, body)
+    status, body = upload(speech_server, "/vad", clip, extra="ignored")
+    assert status == 200 and body["spans"]

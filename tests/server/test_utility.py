@@ -97,3 +97,46 @@ def test_infill_prefills_prefix_and_suffix_between_the_fim_tokens(fim_server):
 def test_infill_needs_a_model_with_fim_tokens(smol_server):
     status, out = call(smol_server, "POST", "/infill", {"input_prefix": "a", "input_suffix": "b"})
     assert status == 400 and "fill-in-the-middle" in out["error"]["message"] and out["error"]["param"] == "model"
+
+
+PREFIX, SUFFIX = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+
+
+def test_completions_suffix_fills_the_middle_as_infill_does(fim_server):
+    infill = call(fim_server, "POST", "/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 6,
+                                                  "temperature": 0, "ignore_eos": True})[1]
+    client = fim_server.client()
+    out = client.completions.create(model="tiny-fim", prompt=PREFIX, suffix=SUFFIX, max_tokens=6, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert out.choices[0].text == infill["content"] and out.choices[0].finish_reason == "length"
+    assert out.usage.prompt_tokens == infill["tokens_evaluated"]  # the FIM layout, not the prompt alone
+    plain = client.completions.create(model="tiny-fim", prompt=PREFIX, max_tokens=1)
+    assert plain.usage.prompt_tokens < out.usage.prompt_tokens
+    streamed = client.completions.create(model="tiny-fim", prompt=PREFIX, suffix=SUFFIX, max_tokens=6,
+                                         temperature=0, stream=True, extra_body={"ignore_eos": True})
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == infill["content"]
+
+
+def test_completions_suffix_needs_fim_tokens_and_a_text_prompt(smol_server, fim_server):
+    import openai
+    with pytest.raises(openai.BadRequestError) as e:
+        smol_server.client().completions.create(model="smollm2", prompt="def f(", suffix=")\n", max_tokens=4)
+    err = e.value.body
+    assert err["param"] == "suffix" and "fill-in-the-middle tokens" in err["message"] and "smollm2" in err["message"]
+    status, out = call(fim_server, "POST", "/v1/completions", {"prompt": [5, 6], "suffix": "x", "max_tokens": 2})
+    assert status == 400 and out["error"]["param"] == "suffix"
+    status, out = call(fim_server, "POST", "/v1/completions", {"prompt": "a", "suffix": 3, "max_tokens": 2})
+    assert status == 400 and out["error"]["param"] == "suffix"
+
+
+def test_infill_puts_input_extra_before_the_prefix(fim_server):
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 2, "temperature": 0, "ignore_eos": True}
+    base = call(fim_server, "POST", "/infill", body)[1]["tokens_evaluated"]
+    extra = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}, {"text": "x = 1\n"}]
+    out = call(fim_server, "POST", "/infill", {**body, "input_extra": extra})[1]
+    # the tiny model has no <fim_sep>: each chunk comes after llama-server's plain-text separator
+    count = [len(call(fim_server, "POST", "/tokenize", {"content": t})[1]["tokens"])
+             for t in ("\n\n--- snip ---\n\n", extra[0]["text"], extra[1]["text"])]
+    assert out["tokens_evaluated"] == base + 2 * count[0] + count[1] + count[2]
+    status, err = call(fim_server, "POST", "/infill", {**body, "input_extra": [{"text": 5}]})
+    assert status == 400 and err["error"]["param"] == "input_extra"
