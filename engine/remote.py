@@ -112,6 +112,11 @@ class RemoteModel:
         return cls(entry.name, entry.remote_model or entry.name, [Replica(u) for u in urls], key,
                    float(entry.timeout or DEFAULT_TIMEOUT_S), created, problem)
 
+    def same_upstream(self, other: RemoteModel) -> bool:
+        """Whether other reaches the same upstream model the same way (its entry was not changed)."""
+        return (self.remote_model, [r.url for r in self.replicas], self.api_key, self.timeout_s) == \
+            (other.remote_model, [r.url for r in other.replicas], other.api_key, other.timeout_s)
+
     def pick(self, tried: set[Replica]) -> Replica | None:
         """The replica for the next attempt of a request that already tried `tried`: of those in service, the
         one with the fewest requests outstanding (the least recently picked of a tie); when every one left is

@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 import aiohttp
 from aiohttp import web
 
+from engine.config import ModelEntry
 from engine.core.generation import Generation
 from engine.errors import (EngineError, EngineStopped, InvalidRequest, ModelNotFound, PayloadTooLarge,
                            UpstreamError, UpstreamTimeout, UpstreamUnauthorized)
@@ -61,20 +62,41 @@ class Relay:
         self.session = aiohttp.ClientSession(
             # identity: a compressed stream would reach the client only as fast as the decompressor lets it
             headers={"User-Agent": f"llamadesk/{VERSION}", "Accept-Encoding": "identity"})
-        self._watcher = asyncio.ensure_future(self.remotes.watch(lambda m, r: _probe(self.session, m, r)))
+        self._watch()
         log.info("remote models: %s", ", ".join(f"{m.name} ({len(m.replicas)} replica(s))"
                                                 for m in self.remotes.models.values()))
 
     async def close(self) -> None:
         """Stop the checks and close the session: relayed requests still running end now (a stream with an
         error event), so they never hold up the server's shutdown."""
+        await self._stop_watching()
+        if self.session is not None:
+            await self.session.close()
+
+    async def refresh(self, entries: list[ModelEntry]) -> None:
+        """Relay the roster's remote entries as they are now (one added or removed while serving): a model
+        whose entry is unchanged keeps its replicas' health and counts, and requests being relayed go on."""
+        fresh = Remotes.from_roster(entries)
+        for name, m in fresh.models.items():
+            old = self.remotes.models.get(name)
+            if old is not None and old.same_upstream(m):
+                fresh.models[name] = old
+        await self._stop_watching()
+        self.remotes = fresh
+        if self.session is None or self.session.closed:
+            await self.open()
+        elif self.remotes:
+            self._watch()
+
+    def _watch(self) -> None:
+        self._watcher = asyncio.ensure_future(self.remotes.watch(lambda m, r: _probe(self.session, m, r)))
+
+    async def _stop_watching(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
             self._watcher = None
-        if self.session is not None:
-            await self.session.close()
 
 
 RELAY = web.AppKey("remote_relay", Relay)
@@ -94,6 +116,12 @@ def install(app: web.Application) -> None:
         await relay.close()
     app.cleanup_ctx.append(lifetime)
     app.on_shutdown.append(on_shutdown)
+
+
+async def refresh(app: web.Application) -> None:
+    """Pick up remote roster entries added or removed since the server started (the Models panel's "Add remote
+    server…"), without stopping it."""
+    await app[RELAY].refresh(app[CONFIG].models)
 
 
 def model_cards(app: web.Application) -> list[dict[str, Any]]:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import json
 import logging
 import time
 from typing import Any
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, QSettings, QTimer, Signal
 
+from app.gui import theme
 from app.host import Host
 from engine.config import Config, ModelEntry
 from engine.errors import EngineError
@@ -38,6 +40,36 @@ class LogBridge(logging.Handler):
             pass
 
 
+class RemoteRefused(Exception):
+    """An upstream that could not list its models; the message says why in plain words."""
+
+
+async def _upstream_models(url: str, api_key: str | None) -> list[str]:
+    """The model ids GET {base}/models answers (raises RemoteRefused)."""
+    import aiohttp
+
+    from engine.catalog.downloads import reason
+    from engine.remote import base_url
+    base = base_url(url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session, \
+                session.get(base + "/models", headers=headers, allow_redirects=False) as resp:
+            status, body = resp.status, await resp.read()
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+        raise RemoteRefused(reason(e, base)) from None
+    if status in (401, 403):
+        raise RemoteRefused(f"{base} refused the API key ({status}): check the key" if api_key else
+                            f"{base} needs an API key ({status})")
+    if status != 200:
+        raise RemoteRefused(f"{base}/models answered {status}: is this an OpenAI-compatible base URL (…/v1)?")
+    try:
+        return [m["id"] for m in json.loads(body)["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise RemoteRefused(f"{base}/models did not answer with a model list: is this an OpenAI-compatible "
+                            "server?") from None
+
+
 def _loading_fraction(weights_read: float) -> float:
     """What a load's progress bar shows: the weights come first, then the context and KV cache are set up
     with all weights read, so 1.0 waits for the load to end."""
@@ -57,6 +89,7 @@ class Bridge(QObject):
     chat_error = Signal(str, str)  # chat id, message
     notice = Signal(str)  # a one-line message for the status bar
     config_saved = Signal(str)  # path
+    theme_saved = Signal(str)  # the theme remembered for the next start
     speech_ready = Signal(str, object)  # request id, {"samples", "rate", "wav"}
     transcript_started = Signal(str, object)  # request id, {"samples", "spans", "duration"}: drawn at once
     transcript_segment = Signal(str, object)  # request id, {"id", "start", "end", "text"}: each as it is decoded
@@ -68,12 +101,16 @@ class Bridge(QObject):
     hub_results = Signal(str, object)  # query, the GGUF repos Hugging Face found for it
     hub_files = Signal(str, object)  # repo, its GGUF models (quant, size, fit) and vision towers
     hub_failed = Signal(str)  # why a Hugging Face search, listing or pull did not go through
+    remote_listed = Signal(str, list)  # base URL asked, the upstream's model ids
+    remote_failed = Signal(str, str)  # base URL, why listing or adding its models did not go through
+    remotes_added = Signal(list)  # the names of the remote entries added to the roster
     reloaded = Signal()
     quitting = Signal()
 
-    def __init__(self, host: Host):
+    def __init__(self, host: Host, ui_state: QSettings | None = None):
         super().__init__()
         self.host = host
+        self.ui_state = ui_state  # the window's remembered state (notices seen, the theme)
         self._chats: dict[str, asyncio.Task] = {}
         self._gens: dict[str, Any] = {}
         self._ids = itertools.count(1)
@@ -315,6 +352,62 @@ class Bridge(QObject):
             return
         self.models_changed.emit()
 
+    # ---- remote servers -------------------------------------------------------------------------
+
+    def remote_models(self) -> list[dict[str, Any]]:
+        """The roster's remote entries as /v1/models lists them (health from the server's checks); while the
+        server is paused, as the roster has them, health unknown (None)."""
+        from server import remote
+        server = self.host.server
+        if server is not None and server.runner is not None:
+            return remote.model_cards(server.runner.app)
+        return [{"id": m.name, "remote_model": m.remote_model or m.name, "healthy": None,
+                 "replicas": [{"url": u, "healthy": None, "last_error": None} for u in [m.url, *(m.urls or [])] if u]}
+                for m in self.host.config.models if m.remote]
+
+    def list_remote(self, url: str, api_key: str | None) -> asyncio.Task:
+        """Ask an OpenAI-compatible server at url (its base URL; a bare host:port means its /v1) for its
+        models; remote_listed(url, ids) follows, or remote_failed(url, why) in plain words."""
+        async def go() -> None:
+            try:
+                ids = await _upstream_models(url, api_key)
+            except RemoteRefused as e:
+                self.remote_failed.emit(url, str(e))
+                return
+            self.remote_listed.emit(url, ids)
+        return self.spawn(go())
+
+    def add_remotes(self, url: str, api_key: str | None, picked: dict[str, str]) -> asyncio.Task:
+        """Add a [[models]] backend = "remote" entry per {name: upstream id} (saved in the roster, as every
+        roster change) and relayed at once, requests in flight going on; remotes_added(names) follows, or
+        remote_failed(url, why) with nothing added."""
+        from engine.remote import base_url
+        roster = self.host.service.roster
+
+        async def go() -> None:
+            entries = [ModelEntry(name=name, backend="remote", url=base_url(url), remote_model=upstream,
+                                  api_key=api_key or None) for name, upstream in picked.items()]
+            taken = [e.name for e in entries if any(m.name == e.name for m in self.host.config.models)
+                     or e.name in roster.loaded or e.name in roster.available()]
+            if taken:
+                self.remote_failed.emit(url, f"a model named {', '.join(taken)} already exists here: pick another "
+                                             "name")
+                return
+            try:
+                for entry in entries:
+                    await roster.add_entry(entry)
+            except EngineError as e:
+                self.remote_failed.emit(url, e.message)
+                return
+            server = self.host.server
+            if server is not None and server.runner is not None:  # serving: the relay takes them at once
+                from server import remote
+                await remote.refresh(server.runner.app)
+            log.info("added remote model(s) %s from %s", ", ".join(picked), url)
+            self.models_changed.emit()
+            self.remotes_added.emit(list(picked))
+        return self.spawn(go())
+
     # ---- speech -------------------------------------------------------------------------------
 
     def synthesize(self, text: str, voice: str | None = None, speed: float = 1.0) -> str:
@@ -465,15 +558,11 @@ class Bridge(QObject):
             self.notice.emit(f"settings applied; serving on {self.host.url}")
         return self.spawn(go())
 
-    def save_theme(self, name: str) -> asyncio.Task:
-        """Remember the theme in the config file (the running configuration takes it too)."""
-        config = self.host.config
-
-        async def go() -> None:
-            path = await asyncio.to_thread(config.save, {"theme": name}, True)
-            if path is not None:
-                self.config_saved.emit(str(path))
-        return self.spawn(go())
+    def save_theme(self, name: str) -> None:
+        """Remember the theme chosen in the app (View menu or Settings) for the next start; theme_saved follows."""
+        if self.ui_state is not None:
+            theme.remember(self.ui_state, name)
+        self.theme_saved.emit(name)
 
     # ---- serving ------------------------------------------------------------------------------
 

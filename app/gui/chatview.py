@@ -7,14 +7,16 @@ ever scrolls vertically: nothing in it may ask for more width than it is given.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from markdown_it import MarkdownIt
 from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import (QColor, QDesktopServices, QFontDatabase, QGuiApplication, QIcon, QPalette, QTextDocument,
-                           QTextOption)
+from PySide6.QtGui import (QColor, QDesktopServices, QFontDatabase, QGuiApplication, QIcon, QImage, QPalette, QPixmap,
+                           QTextDocument, QTextOption)
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QScrollArea, QSizePolicy,
                                QTextBrowser, QToolButton, QVBoxLayout, QWidget)
 
@@ -262,6 +264,60 @@ class MarkdownView(QWidget):
         widget.deleteLater()
 
 
+class Thumbnails(QWidget):
+    """Small previews of images given as data: URLs, in a row; each one's pixel size is its tooltip. Never asks
+    for width: a row longer than its column is cut at the column's edge."""
+
+    def __init__(self, height: int = 96):
+        super().__init__()
+        self.height_px = height
+        self.row = QHBoxLayout(self)
+        self.row.setContentsMargins(0, 0, 0, 0)
+        self.row.setSpacing(6)
+        self.row.addStretch(1)
+        self.labels: list[QLabel] = []
+        self.urls: list[str] = []
+        self.hide()
+
+    def set_images(self, urls: list[str]) -> None:
+        if urls == self.urls:
+            return
+        for label in self.labels:
+            self.row.removeWidget(label)
+            label.deleteLater()
+        self.urls = list(urls)
+        self.labels = [_thumbnail(url, self.height_px) for url in self.urls]
+        for label in self.labels:
+            self.row.insertWidget(self.row.count() - 1, label)
+        self.setVisible(bool(self.urls))
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        return QSize(0, super().minimumSizeHint().height())
+
+
+def image_of(url: str) -> QImage:
+    """The image a data: URL holds (a null QImage when it holds none Qt reads)."""
+    try:
+        return QImage.fromData(base64.b64decode(url.partition(",")[2]))
+    except (binascii.Error, ValueError):
+        return QImage()
+
+
+def _thumbnail(url: str, height: int) -> QLabel:
+    image = image_of(url)
+    label = QLabel()
+    if image.isNull():
+        label.setText("(unreadable image)")
+        return label
+    box = QSize(2 * height, height)
+    shown = image if image.width() <= box.width() and image.height() <= box.height() else \
+        image.scaled(box, Qt.AspectRatioMode.KeepAspectRatio, Qt.TransformationMode.SmoothTransformation)
+    label.setPixmap(QPixmap.fromImage(shown))
+    label.setToolTip(f"{image.width()} × {image.height()} image")
+    label.setStyleSheet("QLabel { border: 1px solid palette(mid); }")
+    return label
+
+
 # ---- one message --------------------------------------------------------------------------------------------
 
 class MessageView(QFrame):
@@ -308,6 +364,7 @@ class MessageView(QFrame):
         self.reasoning.setFont(italic)
         self.reasoning.hide()
         self.thinking.hide()
+        self.images = Thumbnails()  # the images a user's message was sent with
         self.body = MarkdownView()
         self.error = ProseView()  # wraps anywhere: a long model name in it cannot widen the window
         red = self.error.palette()
@@ -338,6 +395,7 @@ class MessageView(QFrame):
         layout.addLayout(header)
         layout.addWidget(self.thinking, 0, Qt.AlignmentFlag.AlignLeft)
         layout.addWidget(self.reasoning)
+        layout.addWidget(self.images)
         layout.addWidget(self.body)
         layout.addWidget(self.error)
         layout.addWidget(self.edit_box)
@@ -347,6 +405,7 @@ class MessageView(QFrame):
     def show_message(self, message: dict) -> None:
         """Show message's text and stats (only what changed is redrawn)."""
         self.content = message["content"]
+        self.images.set_images(message.get("images") or [])
         meta = message.get("meta") or ""
         is_error = meta.startswith("error: ")
         self.meta.setText("" if is_error else meta)
@@ -437,7 +496,8 @@ class ChatView(QScrollArea):
         """Draw a thread's messages (reusing the views of those still the same)."""
         keep = 0
         while (keep < min(len(self.views), len(messages)) and self.views[keep].role == messages[keep]["role"]
-               and self.views[keep].content == messages[keep]["content"]):
+               and self.views[keep].content == messages[keep]["content"]
+               and self.views[keep].images.urls == (messages[keep].get("images") or [])):
             keep += 1
         for view in self.views[keep:]:
             self.column.removeWidget(view)

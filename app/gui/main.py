@@ -39,13 +39,14 @@ class Desktop:
 
     def __init__(self, config: Config, argv: list[str] | None = None):
         self.host = Host(config, argv, on_shutdown=self.request_quit)
-        self.bridge = Bridge(self.host)
+        state = ui_state(config)
+        self.bridge = Bridge(self.host, state)
         logging.getLogger().addHandler(self.bridge.log_handler)
-        theme.apply(QApplication.instance(), config.theme)
+        theme.apply(QApplication.instance(), theme.remembered(state, config))
         self.icon = QIcon(str(ICON))
         QApplication.setWindowIcon(self.icon)
         self.audio_io = AudioIO()
-        self.window = MainWindow(self.bridge, self.icon, self.audio_io, self.request_quit, ui_state(config))
+        self.window = MainWindow(self.bridge, self.icon, self.audio_io, self.request_quit, state)
         self.tray = Tray(self.bridge, self.window, self.icon, self.request_quit)
         self.window.tray = self.tray
         self._done: asyncio.Future | None = None

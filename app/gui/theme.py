@@ -5,13 +5,14 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtCore import QByteArray, QSettings, Qt
 from PySide6.QtGui import QColor, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QApplication
 
 THEMES = ("system", "light", "dark")  # the config's `theme` choices, in menu order
 ICONS = Path(__file__).resolve().parents[2] / "resources" / "icons"
+THEME_KEY = "theme"  # in the window's state (llamadesk-window.ini), not the settings file
 
 Role = QPalette.ColorRole
 Group = QPalette.ColorGroup
@@ -67,6 +68,21 @@ def apply(app: QApplication, name: str) -> None:
     for widget in app.allWidgets():
         if widget.styleSheet():  # a style sheet resolved its colours (palette(base)…) when polished: again
             widget.setStyleSheet(widget.styleSheet())
+
+
+def remembered(state: QSettings, config) -> str:
+    """The theme to start with: a --theme flag, else the one last chosen in the app, else the config's."""
+    chosen = state.value(THEME_KEY)
+    if config.sources.get("theme") == "cli" or chosen not in THEMES:
+        return config.theme
+    return chosen
+
+
+def remember(state: QSettings, name: str) -> None:
+    """Keep the theme chosen in the app in the window's own state: a GUI preference, so it never makes the
+    settings file authoritative (which would let that file's values win over command-line flags)."""
+    state.setValue(THEME_KEY, name)
+    state.sync()
 
 
 def current() -> str:

@@ -284,7 +284,7 @@ class MainWindow(QMainWindow):
                 f"llamadesk with --api-key.\n\n{e.message}")
 
     def choose_theme(self, name: str) -> None:
-        """Switch the theme now and remember it in the config file."""
+        """Switch the theme now and remember it for the next start."""
         theme.apply(QApplication.instance(), name)
         self.bridge.save_theme(name)
 

@@ -12,7 +12,6 @@ import pytest
 
 pytest.importorskip("PySide6")  # a dependency: always installed by `make test`
 
-import qasync  # noqa: E402
 from PySide6.QtGui import QGuiApplication  # noqa: E402
 
 from app.gui.main import Desktop  # noqa: E402
@@ -22,15 +21,13 @@ from engine.config import load  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def gui(qapp, assets, tmp_path_factory):
+def gui(qapp, loop, assets, tmp_path_factory):
     """A started Desktop serving the tiny model on a free port, and a runner for its loop."""
     tmp = tmp_path_factory.mktemp("gui")
     cfg_path = tmp / "llamadesk.toml"
     cfg_path.write_text("# hand-written\n")
     config = load(["--config", str(cfg_path), "--port", "0", "--model", str(assets["tiny"]),
                    "--models-dir", str(tmp / "models"), "--asr", str(assets["whisper"]), "--tts", str(assets["piper"])])
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
     desktop = Desktop(config)
 
     def run(coro, timeout: float = 60):
@@ -42,8 +39,6 @@ def gui(qapp, assets, tmp_path_factory):
     yield desktop
     if desktop.host.service is not None:
         run(desktop.quit())
-    loop.close()
-    asyncio.set_event_loop(None)
 
 
 def next_signal(signal, pred=lambda *a: True) -> asyncio.Future:
@@ -399,7 +394,25 @@ def test_dashboard_shows_where_reused_prompt_tokens_came_from(gui):
     assert f"from RAM {stats['ram_reused_tokens']}" in text and "conversations in RAM" in text
 
 
-def test_a_second_launch_activates_the_first(qapp):
+def test_the_dashboard_streams_table_shows_whole_model_names(gui):
+    gui.window.show_panel("Dashboard")
+    t = gui.window.panels["Dashboard"].table
+    body = json.dumps({"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 600,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    req = urllib.request.Request(gui.host.url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+
+    async def a_stream_shown():
+        answer = asyncio.ensure_future(asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=60).read()))
+        while t.rowCount() == 0:  # the dashboard updates once a second
+            await asyncio.sleep(0.1)
+        await answer
+    gui.run_loop(a_stream_shown())
+    model = t.item(0, 1)
+    assert model.text() == "tiny-random-llama" and model.toolTip() == model.text()
+    assert t.columnWidth(1) >= t.fontMetrics().horizontalAdvance(model.text())  # not "tiny-rando…"
+
+
+def test_a_second_launch_activates_the_first(loop):
     first = InstanceGuard("llamadesk-test-guard")
     assert first.listen()
     hits = []
@@ -407,7 +420,7 @@ def test_a_second_launch_activates_the_first(qapp):
     second = InstanceGuard("llamadesk-test-guard")
     assert second.other_running()
     for _ in range(50):
-        qapp.processEvents()
+        loop.pump(0.02)
         if hits:
             break
     assert hits

@@ -8,7 +8,6 @@ import pytest
 
 pytest.importorskip("PySide6")  # a dependency: always installed by `make test`
 
-import qasync  # noqa: E402
 
 from app.gui.main import Desktop  # noqa: E402
 from engine.config import load  # noqa: E402
@@ -29,7 +28,7 @@ def hub(assets):
 
 
 @pytest.fixture(scope="module")
-def desktop(qapp, assets, hub, tmp_path_factory):
+def desktop(qapp, loop, assets, hub, tmp_path_factory):
     env = pytest.MonkeyPatch()
     env.setenv("HF_ENDPOINT", hub.url)
     env.delenv("HF_TOKEN", raising=False)
@@ -38,8 +37,6 @@ def desktop(qapp, assets, hub, tmp_path_factory):
     (tmp / "llamadesk.toml").write_text("")
     config = load(["--config", str(tmp / "llamadesk.toml"), "--port", "0", "--model", str(assets["tiny"]),
                    "--models-dir", str(tmp / "models"), "--cache-disk", "0"])
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
     d = Desktop(config)
 
     def run(coro, timeout: float = 60):
@@ -51,8 +48,6 @@ def desktop(qapp, assets, hub, tmp_path_factory):
     d.window.show_panel("Catalog")
     yield d
     run(d.quit())
-    loop.close()
-    asyncio.set_event_loop(None)
     env.undo()
 
 

@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QHeaderView, QLabel, QListWidget, QProgressBar, QPushButton,
                                QSplitter, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
@@ -60,6 +60,9 @@ class BenchmarkPanel(QWidget):
         self.chart.hideButtons()
         self.chart.getPlotItem().setLabel("left", "tokens/s")
         self.history = QListWidget()
+        # a run's line is long (model, quant, threads, rates): elided to the list, whole in its tooltip
+        self.history.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.history.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         top = QHBoxLayout()
         top.addWidget(QLabel("Model"))
         top.addWidget(self.model, 1)
@@ -97,6 +100,7 @@ class BenchmarkPanel(QWidget):
         super().changeEvent(event)
         if event.type() == QEvent.Type.PaletteChange and hasattr(self, "cancel_button"):
             self.apply_icons()
+            self.chart.resetCachedContent()  # pyqtgraph caches the background: drawn again in the new colours
 
     def refresh(self) -> None:
         chosen = self.model.currentText()

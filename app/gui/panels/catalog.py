@@ -22,6 +22,7 @@ MODEL, SIZE, FIT, LICENSE, STATUS = range(len(COLUMNS))
 REPO_COLUMNS = ["repo", "downloads", "likes"]
 FILE_COLUMNS = ["quant", "file", "size", "fit", ""]
 ACTIVE = ("queued", "downloading", "verifying", "extracting")
+WELCOME_FOLDED = "catalog/welcome_folded"  # in the window's state: the welcome card folded to its title line
 ON_DISK = ("verified", "present")
 BADGE_COLORS = {"recommended": "#a35a00", "tools": "#2f6fdf", "vision": "#8e44ad", "reasoning": "#b9410c",
                 "embedding": "#0f7f70", "speech": "#2e7d32"}
@@ -237,8 +238,12 @@ class WelcomeCard(QFrame):
         hide.setFlat(True)
         hide.setToolTip("hide this card (the catalog below has every model)")
         hide.clicked.connect(panel.dismiss_welcome)
+        self.fold = QPushButton()
+        self.fold.setFlat(True)
+        self.fold.clicked.connect(lambda: self.set_collapsed(not self.collapsed))
         title_row = QHBoxLayout()
         title_row.addWidget(self.title, 1)
+        title_row.addWidget(self.fold)
         title_row.addWidget(hide)
         self.intro = QLabel()
         self.intro.setWordWrap(True)
@@ -253,12 +258,32 @@ class WelcomeCard(QFrame):
         buttons.addWidget(self.open_button)
         buttons.addWidget(self.starter_button)
         buttons.addStretch(1)
+        self.details = QWidget()  # all but the title: folded away, the table below gets the room
+        details = QVBoxLayout(self.details)
+        details.setContentsMargins(0, 0, 0, 0)
+        details.setSpacing(4)
+        details.addWidget(self.intro)
+        details.addLayout(self.picks)
+        details.addLayout(buttons)
         layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 4, 8, 4)  # folded, one line: at 900x600 the table needs the room
         layout.setSpacing(4)
         layout.addLayout(title_row)
-        layout.addWidget(self.intro)
-        layout.addLayout(self.picks)
-        layout.addLayout(buttons)
+        layout.addWidget(self.details)
+        state = panel.bridge.ui_state
+        self.set_collapsed(state is not None and state.value(WELCOME_FOLDED, False, bool))
+
+    def set_collapsed(self, collapsed: bool) -> None:
+        """Fold the card to its title line (or unfold it); remembered for the next start."""
+        self.collapsed = collapsed
+        self.details.setVisible(not collapsed)
+        self.fold.setText("Show choices" if collapsed else "Fewer")
+        self.fold.setIcon(icon("panels-show" if collapsed else "panels-hide"))
+        self.fold.setToolTip("show the recommended models again" if collapsed else
+                             "fold this card to one line: more of the catalog shows")
+        state = self.panel.bridge.ui_state
+        if state is not None and state.value(WELCOME_FOLDED, False, bool) != collapsed:
+            state.setValue(WELCOME_FOLDED, collapsed)
 
     def show_choices(self, picks: list[dict], starters: list[dict], box: dict, downloads: dict[str, str]) -> None:
         """The recommended entries with a Download each, and the starter set's button when there is one."""
@@ -352,6 +377,7 @@ class CatalogPanel(QWidget):
         self.logs_link.setToolTip("the Logs panel has every line the server wrote about it")
         self.logs_link.clicked.connect(self.open_logs)
         problem_row = QHBoxLayout(self.problem)
+        problem_row.setContentsMargins(6, 2, 6, 2)  # at 900x600 every pixel is the table's
         problem_row.addWidget(self.problem_text, 1)
         problem_row.addWidget(self.retry_button)
         problem_row.addWidget(self.logs_link)
@@ -385,6 +411,7 @@ class CatalogPanel(QWidget):
         local_row.addWidget(self.import_button)
         curated = QWidget()
         curated_layout = QVBoxLayout(curated)
+        curated_layout.setContentsMargins(6, 6, 6, 6)
         curated_layout.addLayout(top)
         curated_layout.addWidget(self.empty, 1)
         curated_layout.addWidget(self.table, 1)
@@ -419,13 +446,20 @@ class CatalogPanel(QWidget):
         for c in (SIZE, FIT):
             header.setSectionResizeMode(c, QHeaderView.ResizeMode.ResizeToContents)
         t.setColumnWidth(LICENSE, t.fontMetrics().horizontalAdvance("apache-2.0") + 10)  # the whole one: its tooltip
-        t.setColumnWidth(STATUS, t.fontMetrics().horizontalAdvance("Cannot reach hug") + 70)  # reason and Retry
+        # the status column's width for a reason and Retry, and the least it gives up to the names (it elides)
+        self._status_width = t.fontMetrics().horizontalAdvance("Cannot reach hug") + 70
+        self._status_least = t.fontMetrics().horizontalAdvance("downloading")
+        t.setColumnWidth(STATUS, self._status_width)
 
     def _fit_columns(self) -> None:
-        """The model column gets the width the others leave, never less than its longest name."""
-        others = sum(self.table.columnWidth(c) for c in range(1, len(COLUMNS)))
-        room = self.table.viewport().width() - others
-        self.table.setColumnWidth(MODEL, max(self.table.sizeHintForColumn(MODEL), room))
+        """The model column gets the width the others leave, never less than its longest name: on a narrow
+        window the status column (elided text) narrows first, so the table does not scroll sideways."""
+        t = self.table
+        fixed = sum(t.columnWidth(c) for c in (SIZE, FIT, LICENSE))
+        names = t.sizeHintForColumn(MODEL)
+        status = max(self._status_least, min(self._status_width, t.viewport().width() - fixed - names))
+        t.setColumnWidth(STATUS, status)
+        t.setColumnWidth(MODEL, max(names, t.viewport().width() - fixed - status))
 
     # ---- Hugging Face ----------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Chat: threads kept in the data dir, a streaming transcript (Markdown, code blocks with Copy), per-message copy,
-regenerate and edit-and-resend, system prompt presets, every sampling knob, voice in and out."""
+regenerate and edit-and-resend, system prompt presets, every sampling knob, voice in and out, images for a model
+with vision (attached from a file, dropped onto the chat or pasted; kept in the thread as data: URLs)."""
 from __future__ import annotations
 
 import base64
@@ -8,15 +9,15 @@ import mimetypes
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QAction, QGuiApplication, QKeySequence, QPalette, QShortcut
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, QMimeData, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QGuiApplication, QImage, QKeySequence, QPalette, QShortcut
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QFrame,
                                QGroupBox, QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMessageBox,
                                QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QSplitter, QToolButton,
                                QVBoxLayout, QWidget)
 
 from app.gui.audio_io import RecordButton
-from app.gui.chatview import ChatView, icon, split_reasoning
+from app.gui.chatview import ChatView, Thumbnails, icon, split_reasoning
 from app.gui.panels.elided import ElidedLabel
 from app.gui.threads import Thread, ThreadStore
 from engine.requests import SamplingParams
@@ -31,7 +32,46 @@ PRESETS = {
     "Translator": "Translate each of the user's messages into English. Reply with the translation only.",
 }
 NO_VISION = "the model has no vision"
+IMAGE_FILES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
 PANE_WIDTH = 860  # the panel's width from which the settings pane shows beside the transcript
+
+
+def image_files(mime: QMimeData) -> list[str]:
+    """The local image files mime names (files dragged from a file manager, or copied in one)."""
+    return [u.toLocalFile() for u in mime.urls() if u.isLocalFile() and u.toLocalFile().lower().endswith(IMAGE_FILES)]
+
+
+def carries_images(mime: QMimeData) -> bool:
+    """Whether mime holds an image: image files, or image data (copied from an image viewer or a browser)."""
+    return bool(image_files(mime)) or mime.hasImage()
+
+
+def file_data_url(path: str) -> str:
+    mime = mimetypes.guess_type(path)[0] or "image/png"
+    return f"data:{mime};base64,{base64.b64encode(Path(path).read_bytes()).decode()}"
+
+
+def png_data_url(image: QImage) -> str:
+    data = QByteArray()
+    buf = QBuffer(data)
+    buf.open(QIODevice.OpenModeFlag.WriteOnly)
+    image.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(bytes(data)).decode()
+
+
+class MessageInput(QPlainTextEdit):
+    """The message box: text pastes and drops as usual; an image pasted or dropped onto it goes to the chat."""
+
+    images_offered = Signal(QMimeData)
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:  # noqa: N802 (Qt's name)
+        return carries_images(source) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # noqa: N802
+        if carries_images(source):
+            self.images_offered.emit(source)
+        else:
+            super().insertFromMimeData(source)
 
 
 @dataclass
@@ -164,8 +204,10 @@ class ChatPanel(QWidget):
         top.addStretch(1)
         top.addWidget(self.settings_toggle)
 
-        self.input = QPlainTextEdit()
+        self.input = MessageInput()
         self.input.setPlaceholderText("Message (Ctrl+Enter to send, Esc to stop)")
+        self.input.images_offered.connect(self.offer_images)
+        self.setAcceptDrops(True)  # an image dropped anywhere on the chat
         self.input.setMaximumHeight(110)
         self.send_button = QPushButton("Send")
         self.stop_button = QPushButton("Stop")
@@ -177,14 +219,19 @@ class ChatPanel(QWidget):
         self.mic_button = self._mic_button()
         self.speaker_button = _icon_button("speak", "Read the last reply aloud (text-to-speech model)")
         self.speaker_button.clicked.connect(self.read_aloud)
+        self.pending_view = Thumbnails(64)  # the images the next message takes: small, the transcript keeps room
         self.attachments = ElidedLabel()
         self.clear_attachments = QPushButton("Remove")
+        self.clear_attachments.setToolTip("Send the next message without these images")
         self.clear_attachments.clicked.connect(self.on_clear_attachments)
         attach_row = QHBoxLayout()
         attach_row.addWidget(self.attachments, 1)
         attach_row.addWidget(self.clear_attachments)
         self.attach_box = QWidget()
-        self.attach_box.setLayout(attach_row)
+        attach_col = QVBoxLayout(self.attach_box)
+        attach_col.setContentsMargins(0, 0, 0, 0)
+        attach_col.addWidget(self.pending_view)
+        attach_col.addLayout(attach_row)
         self.attach_box.hide()
 
         icons = QHBoxLayout()
@@ -605,10 +652,16 @@ class ChatPanel(QWidget):
         self.model.setToolTip(self.model.currentText())
         self.update_attach()
 
+    def has_vision(self) -> bool:
+        """Whether the chosen model takes images (it is loaded with a vision projector)."""
+        info = self.model_info()
+        return "vision" in (info.get("capabilities") or ()) or info.get("vision") is True
+
     def update_attach(self) -> None:
-        vision = "vision" in (self.model_info().get("capabilities") or ())
+        vision = self.has_vision()
         self.attach_button.setEnabled(vision)
-        self.attach_button.setToolTip("Attach an image" if vision else NO_VISION)
+        self.attach_button.setToolTip("Attach an image (or drop one onto the chat, or paste one)" if vision
+                                      else NO_VISION)
 
     def ask_attach(self) -> None:
         dlg = QFileDialog(self, "Attach an image", "", "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp)")
@@ -618,16 +671,49 @@ class ChatPanel(QWidget):
 
     def attach_image(self, path: str) -> None:
         """Send the image at path with the next message (as a data URL)."""
-        mime = mimetypes.guess_type(path)[0] or "image/png"
-        self.pending_images.append(f"data:{mime};base64,{base64.b64encode(Path(path).read_bytes()).decode()}")
-        self._attached_names.append(Path(path).name)
+        try:
+            url = file_data_url(path)
+        except OSError as e:
+            self.status.setText(f"image not attached: {path} cannot be read ({e.strerror})")
+            return
+        self._attach(Path(path).name, url)
+
+    def offer_images(self, mime: QMimeData) -> bool:
+        """Attach the images mime carries (dropped or pasted); refused, saying why, when the model has no
+        vision."""
+        if not self.has_vision():
+            self.status.setText(f"image not attached: {NO_VISION} (choose a model served with its vision "
+                                "projector)")
+            return False
+        files = image_files(mime)
+        for path in files:
+            self.attach_image(path)
+        image = QImage(mime.imageData()) if not files and mime.hasImage() else QImage()
+        if not image.isNull():
+            self._attach("pasted image", png_data_url(image))
+        return True
+
+    def _attach(self, name: str, url: str) -> None:
+        self.pending_images.append(url)
+        self._attached_names.append(name)
+        self.pending_view.set_images(self.pending_images)
         self.attachments.setText("attached: " + ", ".join(self._attached_names))
         self.attach_box.show()
 
     def on_clear_attachments(self) -> None:
         self.pending_images = []
         self._attached_names = []
+        self.pending_view.set_images([])
+        self.attachments.setText("")
         self.attach_box.hide()
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        if carries_images(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802
+        self.offer_images(event.mimeData())
+        event.acceptProposedAction()
 
     # ---- voice ---------------------------------------------------------------------------------
 
@@ -692,13 +778,16 @@ class ChatPanel(QWidget):
 
     def to_json(self) -> str:
         return json.dumps({"system": self.system.toPlainText(), "model": self.model.currentData(),
-                           "messages": [{"role": m["role"], "content": m["content"]} for m in self.messages]},
+                           "messages": [{"role": m["role"], "content": m["content"],
+                                         **({"images": m["images"]} if m.get("images") else {})}
+                                        for m in self.messages]},
                           indent=2, ensure_ascii=False)
 
     def from_json(self, text: str) -> None:
         """Import a conversation as a new thread."""
         doc = json.loads(text)
-        messages = [{"role": m["role"], "content": m["content"], "meta": ""} for m in doc.get("messages", [])]
+        messages = [{"role": m["role"], "content": m["content"], "meta": "",
+                     **({"images": list(m["images"])} if m.get("images") else {})} for m in doc.get("messages", [])]
         empty = self.thread is not None and not self.messages and self.reply is None
         thread = self.thread if empty else self.store.create(doc.get("system", ""), doc.get("model"))
         self.store.save(thread.id, messages, system=doc.get("system", ""), model=doc.get("model"))

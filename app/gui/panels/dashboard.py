@@ -5,6 +5,7 @@ from collections import deque
 
 import numpy as np
 import pyqtgraph as pg
+from PySide6.QtCore import QEvent
 from PySide6.QtWidgets import (QGridLayout, QGroupBox, QHeaderView, QLabel, QProgressBar, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
@@ -36,6 +37,11 @@ class Chart(pg.PlotWidget):
             self.data[name] = deque(maxlen=HISTORY)
         self.setMinimumHeight(120)  # two rows of charts, the summary and the swimlane fit in a 900x600 window
 
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            self.resetCachedContent()  # pyqtgraph caches the background: drawn again in the new theme's colours
+
     def push(self, values: dict[str, float]) -> None:
         for name, v in values.items():
             self.data[name].append(v)
@@ -66,6 +72,9 @@ class DashboardPanel(QWidget):
         self.table = QTableWidget(0, 7)
         self.table.setHorizontalHeaderLabels(["stream", "model", "state", "progress", "tok/s", "prompt", "tail"])
         self.table.horizontalHeader().setSectionResizeMode(6, QHeaderView.ResizeMode.Stretch)
+        # the model's whole name and the state with its finish reason: the tail (stretched) gives way to them
+        for col in (1, 2):
+            self.table.horizontalHeader().setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
         self.table.verticalHeader().setVisible(False)
         self.table.setWordWrap(False)
         self.table.setColumnWidth(3, 170)
@@ -111,9 +120,11 @@ class DashboardPanel(QWidget):
                               (5, str(s["prompt_tokens"])), (6, s["tail"].replace("\n", " ")[-60:])):
                 item = self.table.item(row, col)
                 if item is None:
-                    self.table.setItem(row, col, QTableWidgetItem(text))
+                    item = QTableWidgetItem(text)
+                    self.table.setItem(row, col, item)
                 elif item.text() != text:
                     item.setText(text)
+                item.setToolTip(s["id"] if col == 0 else s["tail"][-400:] if col == 6 else text)
             bar = self.table.cellWidget(row, 3)
             if not isinstance(bar, QProgressBar):
                 bar = QProgressBar()

@@ -3,12 +3,16 @@ GGUF; unload; make default; per-model settings. Long names and paths are elided,
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QComboBox, QFileDialog, QFormLayout, QFrame, QGridLayout, QHBoxLayout, QLabel,
-                               QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout,
+                               QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton,
+                               QScrollArea, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.gui.panels.elided import ElidedLabel, breakable
+from app.gui.panels.settings import ERROR_STYLE, check_url
 from app.gui.theme import icon
 from engine.config import KV_DTYPES
+
+UPSTREAM, NAME = 0, 1  # the remote dialog's columns: the upstream's id (ticked to add), the name here
 
 
 def _size(n: int) -> str:
@@ -155,6 +159,158 @@ class AvailableCard(QFrame):
         row.addWidget(self.load)
 
 
+class RemoteCard(QFrame):
+    """A model another server serves (backend = "remote"): its upstream id, its URLs and their health."""
+
+    def __init__(self, model: dict):
+        super().__init__()
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.name = model["id"]
+        column = QVBoxLayout(self)
+        column.addLayout(_title_row(model))
+        urls = ", ".join(r["url"] for r in model["replicas"])
+        self.where = ElidedLabel(f"remote · {model['remote_model']} at {urls}", mode=Qt.TextElideMode.ElideMiddle)
+        self.health = QLabel()
+        self.health.setWordWrap(True)
+        self.health.setTextFormat(Qt.TextFormat.PlainText)
+        column.addWidget(self.where)
+        column.addWidget(self.health)
+        self.update_health(model)
+
+    def update_health(self, model: dict) -> None:
+        """Say whether the upstream answers its health check, and why not when it does not."""
+        if model.get("healthy") is None:
+            text = "health unknown while the server is paused"
+        elif model["healthy"]:
+            text = "healthy: the upstream answers"
+        else:
+            why = "; ".join(r["last_error"] for r in model["replicas"] if r.get("last_error")) or "not answering"
+            text = breakable(f"unreachable: {why}")
+        self.health.setText(model.get("error") or text)
+        self.health.setStyleSheet("" if model.get("healthy") is not False else ERROR_STYLE)
+
+
+class RemoteDialog(QDialog):
+    """Add remote server…: a base URL and its API key; List models asks it (off the UI thread, as every bridge
+    call); the models ticked are added to the roster under the names given (the upstream id by default)."""
+
+    def __init__(self, bridge, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.bridge = bridge
+        self.setWindowTitle("Add remote server")
+        self.url = QLineEdit()
+        self.url.setPlaceholderText("http://gpu-box:8000/v1 (a bare host:port means its /v1)")
+        self.key = QLineEdit()
+        self.key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.key.setPlaceholderText("none")
+        self.list_button = QPushButton(icon("panels-search"), "List models")
+        self.list_button.clicked.connect(self.list_models)
+        self.url.returnPressed.connect(self.list_models)
+        self.table = QTableWidget(0, 2)
+        self.table.setHorizontalHeaderLabels(["Model on the server", "Name here"])
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table.verticalHeader().hide()
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.table.itemChanged.connect(lambda _item: self._sync_add())
+        self.status = QLabel("Enter the server's address (and its API key), then List models.")
+        self.status.setWordWrap(True)
+        self.status.setTextFormat(Qt.TextFormat.PlainText)
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Cancel)
+        self.add_button = self.buttons.addButton("Add", QDialogButtonBox.ButtonRole.AcceptRole)
+        self.add_button.setEnabled(False)
+        self.add_button.setToolTip("tick one or more models first")
+        self.add_button.clicked.connect(self.add)
+        self.buttons.rejected.connect(self.reject)
+        form = QFormLayout()
+        url_row = QHBoxLayout()
+        url_row.addWidget(self.url, 1)
+        url_row.addWidget(self.list_button)
+        form.addRow("Server URL", url_row)
+        form.addRow("API key", self.key)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(self.table, 1)
+        layout.addWidget(self.status)
+        layout.addWidget(self.buttons)
+        self._asked: str | None = None  # the URL whose answer this dialog waits for
+        self._listed_url: str | None = None  # the URL the table's models came from
+        bridge.remote_listed.connect(self.on_remote_listed)
+        bridge.remote_failed.connect(self.on_remote_failed)
+        bridge.remotes_added.connect(self.on_remotes_added)
+        self.resize(560, 420)
+
+    def _say(self, text: str, error: bool = False) -> None:
+        self.status.setText(breakable(text))
+        self.status.setStyleSheet(ERROR_STYLE if error else "")
+
+    def list_models(self) -> None:
+        url = self.url.text().strip()
+        problem = check_url(url) if url else "enter the server's address first"
+        if problem:
+            self._say(problem, error=True)
+            return
+        self._asked = url
+        self.list_button.setEnabled(False)
+        self._say(f"asking {url} for its models…")
+        self.bridge.list_remote(url, self.key.text().strip() or None)
+
+    def on_remote_listed(self, url: str, ids: list) -> None:
+        if url != self._asked:
+            return  # an answer for another dialog, or for an address since changed
+        self.list_button.setEnabled(True)
+        self._listed_url = url
+        self.table.blockSignals(True)
+        self.table.setRowCount(len(ids))
+        for row, upstream in enumerate(ids):
+            tick = QTableWidgetItem(upstream)
+            tick.setFlags(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsUserCheckable)
+            tick.setCheckState(Qt.CheckState.Checked if len(ids) == 1 else Qt.CheckState.Unchecked)
+            tick.setToolTip(upstream)
+            self.table.setItem(row, UPSTREAM, tick)
+            self.table.setItem(row, NAME, QTableWidgetItem(upstream))
+        self.table.blockSignals(False)
+        self._say(f"{len(ids)} model(s) on {url}: tick those to add, and name them as requests here will."
+                  if ids else f"{url} serves no model.")
+        self._sync_add()
+
+    def on_remote_failed(self, url: str, why: str) -> None:
+        if url != self._asked:
+            return
+        self.list_button.setEnabled(True)
+        self.add_button.setEnabled(bool(self.picked()))
+        self._say(why, error=True)
+
+    def picked(self) -> dict[str, str]:
+        """{name here: upstream id} of the ticked rows."""
+        return {self.table.item(r, NAME).text().strip(): self.table.item(r, UPSTREAM).text()
+                for r in range(self.table.rowCount())
+                if self.table.item(r, UPSTREAM).checkState() == Qt.CheckState.Checked}
+
+    def _ticked(self) -> int:
+        return sum(self.table.item(r, UPSTREAM).checkState() == Qt.CheckState.Checked
+                   for r in range(self.table.rowCount()))
+
+    def _sync_add(self) -> None:
+        self.add_button.setEnabled(self._ticked() > 0)
+
+    def add(self) -> None:
+        names = [self.table.item(r, NAME).text().strip() for r in range(self.table.rowCount())
+                 if self.table.item(r, UPSTREAM).checkState() == Qt.CheckState.Checked]
+        if any(not n for n in names):
+            self._say("every model ticked needs a name", error=True)
+        elif len(set(names)) < len(names):
+            self._say("two models ticked have the same name: give each its own", error=True)
+        else:
+            self.add_button.setEnabled(False)
+            self._asked = self._listed_url
+            self._say(f"adding {', '.join(names)}…")
+            self.bridge.add_remotes(self._listed_url, self.key.text().strip() or None, self.picked())
+
+    def on_remotes_added(self, names: list) -> None:
+        if set(names) == set(self.picked()):
+            self.accept()
+
+
 class ModelsPanel(QWidget):
     """The roster as cards."""
 
@@ -163,9 +319,15 @@ class ModelsPanel(QWidget):
         self.bridge = bridge
         self.open_button = QPushButton(icon("panels-open"), "Open GGUF…")
         self.open_button.clicked.connect(self.ask_open)
+        self.remote_button = QPushButton(icon("shell-network"), "Add remote server…")
+        self.remote_button.setToolTip("serve models another OpenAI-compatible server runs (vLLM, llama-server, "
+                                      "Ollama, another llamadesk) under names of their own here")
+        self.remote_button.clicked.connect(self.ask_remote)
+        self.remote_dialog: RemoteDialog | None = None
         top = QHBoxLayout()
         top.addWidget(QLabel("Models: loaded, and on disk to load"))
         top.addStretch(1)
+        top.addWidget(self.remote_button)
         top.addWidget(self.open_button)
         self.cards = QVBoxLayout()
         inner = QWidget()
@@ -186,10 +348,13 @@ class ModelsPanel(QWidget):
 
     def on_stats_updated(self, stats: dict) -> None:
         self._stats = {m["id"]: m for m in stats["models"]}
+        remotes = {m["id"]: m for m in self.bridge.remote_models()}
         for i in range(self.cards.count()):
             card = self.cards.itemAt(i).widget()
             if isinstance(card, ModelCard):
                 card.update_stats(self._stats.get(card.name))
+            elif isinstance(card, RemoteCard) and card.name in remotes:
+                card.update_health(remotes[card.name])
 
     def refresh(self) -> None:
         while self.cards.count():
@@ -199,7 +364,8 @@ class ModelsPanel(QWidget):
         if not self.bridge.running:
             return
         models = self.bridge.models()
-        if not models:
+        remotes = self.bridge.remote_models()
+        if not models and not remotes:
             empty = QLabel("No model is served yet: open a GGUF, or download one in the Catalog.")
             empty.setWordWrap(True)
             self.cards.addWidget(empty)
@@ -210,10 +376,23 @@ class ModelsPanel(QWidget):
                 self.cards.addWidget(AvailableCard(m, self.bridge))
             else:
                 self.cards.addWidget(ModelCard(m, self._stats.get(m["id"]), self.bridge))
+        for m in remotes:
+            self.cards.addWidget(RemoteCard(m))
 
     def card_names(self) -> list[str]:
         return [self.cards.itemAt(i).widget().name for i in range(self.cards.count())
                 if isinstance(self.cards.itemAt(i).widget(), ModelCard)]
+
+    def remote_cards(self) -> list[RemoteCard]:
+        return [self.cards.itemAt(i).widget() for i in range(self.cards.count())
+                if isinstance(self.cards.itemAt(i).widget(), RemoteCard)]
+
+    def ask_remote(self) -> None:
+        """Open the Add remote server dialog (window-modal, no nested event loop)."""
+        if self.remote_dialog is not None:
+            self.remote_dialog.deleteLater()
+        self.remote_dialog = RemoteDialog(self.bridge, self)
+        self.remote_dialog.open()
 
     def ask_open(self) -> None:
         dlg = QFileDialog(self, "Serve a GGUF", "", "GGUF models (*.gguf)")

@@ -3,14 +3,12 @@ tooltip) and where its value comes from; checked before anything is saved."""
 from __future__ import annotations
 
 import html
-import ipaddress
-import re
 import secrets
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QAction, QGuiApplication
 from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
                                QLabel, QLineEdit, QPushButton, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
@@ -18,6 +16,7 @@ from PySide6.QtWidgets import (QApplication, QCheckBox, QComboBox, QFileDialog, 
 from app.gui import theme
 from app.gui.panels.elided import ElidedLabel, breakable
 from engine.config import SCHEMA, SECRET_KEYS, ConfigError, Option, load
+from engine.origins import check_each, check_origins, is_host
 from server.access import is_loopback_bind
 
 # Where each key sits and what it is called on screen; a key missing here still shows, under "Other".
@@ -52,7 +51,12 @@ SPECIAL = {"port": "any free port", "threads": "one per core", "cache_ram": "aut
            "responses_store_mb": "keep none"}
 CHOICE_LABELS = {"theme": {"system": "System", "light": "Light", "dark": "Dark"},
                  "gpu": {"auto": "when there is a GPU", "off": "off (CPU only)"}}
-SOURCE_WORDS = {"default": "default", "cli": "command line", "toml": "settings file"}
+SOURCE_WORDS = {"default": "default", "cli": "command line", "toml": "settings file", "app": "this app"}
+SOURCE_TIPS = {"default": "not set anywhere: the built-in default", "cli": "from a command-line flag",
+               "toml": "from the settings file",
+               "app": "chosen in the app (here or View ▸ Theme), remembered apart from the settings file"}
+# Preferences of the window itself: remembered by the app, never written to the settings file
+APP_KEYS = ("theme",)
 ERROR_STYLE = "color: #d0453a"
 
 
@@ -70,20 +74,8 @@ def _group_of(opt: Option) -> str:
 
 # ---- checks on what a field holds (None: fine) ---------------------------------------------------
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}\.?$)[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]{0,61}"
-                       r"[a-z0-9_])?)*\.?$", re.IGNORECASE)
-
-
-def _is_host(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text.strip("[]"))
-        return True
-    except ValueError:
-        return bool(_HOSTNAME.match(text))
-
-
 def check_host(text: str) -> str | None:
-    if not _is_host(text):
+    if not is_host(text):
         return f"'{text}' is not an address or host name (for example 127.0.0.1 or 0.0.0.0)"
     return None
 
@@ -95,37 +87,9 @@ def check_url(text: str) -> str | None:
     return None
 
 
-def check_origin(text: str) -> str | None:
-    """One browser origin: scheme://host[:port], nothing after it."""
-    if text == "*":
-        return None
-    try:
-        parts = urlsplit(text)
-        port_ok = parts.port is None or 0 < parts.port < 65536
-    except ValueError:
-        port_ok = False
-    if (not re.match(r"^[a-z][a-z0-9+.-]*$", parts.scheme) or "://" not in text or not parts.hostname
-            or not _is_host(parts.hostname) or not port_ok):
-        return f"'{text}' is not an origin: write scheme://host:port, for example http://localhost:3000"
-    if parts.path or parts.query or parts.fragment or parts.username:
-        return f"'{text}' is not an origin: leave out the path (an origin is only scheme://host:port)"
-    return None
-
-
-def check_origins(text: str) -> str | None:
-    return _each(text, check_origin)
-
-
 def check_hosts(text: str) -> str | None:
-    return _each(text, lambda h: None if h == "*" or _is_host(h.removeprefix(".")) else
-                 f"'{h}' is not a host name (for example myhost.local, or .example.org for its subdomains)")
-
-
-def _each(text: str, check: Callable[[str], str | None]) -> str | None:
-    items = [x.strip() for x in text.split(",")]
-    if any(not x for x in items):
-        return "an empty entry: separate entries with single commas"
-    return next((err for err in map(check, items) if err), None)
+    return check_each(text, lambda h: None if h == "*" or is_host(h.removeprefix(".")) else
+                      f"'{h}' is not a host name (for example myhost.local, or .example.org for its subdomains)")
 
 
 def check_secret(text: str) -> str | None:
@@ -371,6 +335,7 @@ class SettingsPanel(QWidget):
             self._show_source(f, cfg.sources[name])
             if f.reveal is not None:
                 f.reveal.setChecked(False)
+        self._show_theme()
         self.network.blockSignals(True)
         self.network.setChecked(not is_loopback_bind(cfg.host))
         self.network.blockSignals(False)
@@ -379,13 +344,30 @@ class SettingsPanel(QWidget):
     @staticmethod
     def _show_source(f: Field, source: str) -> None:
         f.source.setText(SOURCE_WORDS.get(source, source))
-        f.source.setToolTip({"default": "not set anywhere: the built-in default",
-                             "cli": "from a command-line flag",
-                             "toml": "from the settings file"}.get(source, source))
+        f.source.setToolTip(SOURCE_TIPS.get(source, source))
+
+    def _show_theme(self) -> None:
+        """The theme in use, and where it comes from: a --theme flag, a choice the app remembers, or the file."""
+        if "theme" in self.rows:
+            f = self.rows["theme"]
+            f.editor.blockSignals(True)
+            f.show(theme.current())
+            f.editor.blockSignals(False)
+            state, source = self.bridge.ui_state, self.bridge.host.config.sources["theme"]
+            chosen = source != "cli" and state is not None and state.value(theme.THEME_KEY) is not None
+            self._show_source(f, "app" if chosen else source)
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange) and self.rows:
+            self._show_theme()  # switched in the View menu: the form says so too
 
     def on_theme_chosen(self, _index: int) -> None:
-        """Switch the colours at once (saved with the other settings)."""
-        theme.apply(QApplication.instance(), self.rows["theme"].raw())
+        """Switch the colours at once and remember them (not in the settings file: see APP_KEYS)."""
+        name = self.rows["theme"].raw()
+        theme.apply(QApplication.instance(), name)
+        self.bridge.save_theme(name)
+        self._show_theme()
 
     def on_network_toggled(self, on: bool) -> None:
         """Bind every interface with a key (one is made, and shown, when there is none), or loopback again."""
@@ -446,16 +428,17 @@ class SettingsPanel(QWidget):
         if vals is None:
             return False
         cfg = self.bridge.host.config
-        path = self.bridge.save_settings(cfg, vals)
+        path = self.bridge.save_settings(cfg, {k: v for k, v in vals.items() if k not in APP_KEYS})
         try:
             saved = load([*(self.bridge.host.argv or []), "--config", path])
         except ConfigError as e:
             self.message.setText(f"<span style='{ERROR_STYLE}'>saved to {breakable(path)}, but it does not read "
                                  f"back: {html.escape(breakable(str(e)))}</span>")
             return True
-        for name, f in self.rows.items():
-            self._show_source(f, saved.sources[name])
-        pending = [label_for(self.rows[n].opt) for n in self.rows if saved.values[n] != cfg.values[n]]
+        file_keys = [n for n in self.rows if n not in APP_KEYS]
+        for name in file_keys:
+            self._show_source(self.rows[name], saved.sources[name])
+        pending = [label_for(self.rows[n].opt) for n in file_keys if saved.values[n] != cfg.values[n]]
         self.message.setText(breakable(f"Saved to {path}.")
                              + (f" Used from the next start, or now with Save and apply: {', '.join(pending)}."
                                 if pending else ""))
