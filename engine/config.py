@@ -116,6 +116,9 @@ SCHEMA: tuple[Option, ...] = (
     Option("max_loaded", int, 0, "most models loaded at once (0: no limit beyond --max-memory)", minimum=0,
            maximum=1024),
     Option("gpu", str, "auto", "offload layers to a GPU when llama.cpp has one", choices=("auto", "off")),
+    Option("gpu_layers", str, "auto", "layers each model offloads with --gpu auto: auto (as many as fit the free "
+           "GPU memory, with their KV cache), all (or -1), or a count N (0: CPU only); a roster entry's "
+           "gpu_layers overrides it", check=lambda v, label: _check_gpu_layers(v, label)),
     Option("rpc", str, None, "comma-separated llama.cpp rpc-server addresses (host:port,…) that every local model "
            "offloads all its layers to (a roster entry's rpc overrides it); see `llamadesk rpc-server`",
            check=lambda v, label: _check_rpc(v, True, label)),
@@ -134,7 +137,8 @@ SCHEMA: tuple[Option, ...] = (
     Option("max_upload_mb", int, 64, "largest audio upload, in MB (413 beyond)", minimum=1, maximum=4096),
     Option("max_audio_s", int, 7200, "longest audio a transcription decodes, in seconds (413 beyond; /vad takes 120)",
            minimum=1, maximum=7 * 86400),
-    Option("cors_origins", str, None, "comma-separated browser origins allowed to call the API (CORS); * for any"),
+    Option("cors_origins", str, None, "comma-separated browser origins allowed to call the API (CORS); * for any",
+           check=lambda v, label: _check_origins(v, label)),
     Option("allowed_hosts", str, None, "comma-separated extra host names the server answers to (Host header; "
            "loopback names always); * for any"),
     Option("api_key", str, None, "when set, every request must carry 'Authorization: Bearer <key>'"),
@@ -156,7 +160,7 @@ MODEL_KEYS = {"name": str, "path": str, "default": bool, "ctx": int, "streams": 
               "kv_dtype": str, "chat_template": str, "tool_format": str, "kv_unified": bool, "cache_ram": int,
               "cache_disk": int, "ttl": int, "preload": bool, "image_mmproj": str,
               "backend": str, "url": str, "urls": list, "api_key": str, "api_key_env": str, "remote_model": str,
-              "timeout": int, "rpc": (str, list)}
+              "timeout": int, "rpc": (str, list), "gpu_layers": (str, int)}
 BACKENDS = ("local", "remote")  # local: a GGUF llama.cpp serves here; remote: an OpenAI-compatible server elsewhere
 # The keys a remote entry takes; every other roster key is about a GGUF served here.
 REMOTE_KEYS = ("name", "backend", "url", "urls", "api_key", "api_key_env", "remote_model", "timeout")
@@ -193,6 +197,7 @@ class ModelEntry:
     remote_model: str | None = None  # the upstream's id for the model (default: name)
     timeout: int | None = None  # seconds an upstream may stay silent (before its answer or between events)
     rpc: str | list[str] | None = None  # rpc-servers holding its layers (None: the global rpc; [] or "": here)
+    gpu_layers: str | int | None = None  # layers it offloads ("auto", "all", N; None: the global gpu_layers)
 
     @property
     def remote(self) -> bool:
@@ -332,6 +337,8 @@ def _parse_models(raw: Any, path: Path) -> list[ModelEntry]:
                                   f"allowed: {', '.join(TOOL_FORMATS)}, none")
             if k == "rpc":
                 _check_rpc(v, True, f"'rpc' in [[models]] entry {i + 1}")  # the form; beyond loopback: in load()
+            elif k == "gpu_layers":
+                _check_gpu_layers(v, f"'gpu_layers' in [[models]] entry {i + 1}")
             elif k in OPTIONS:
                 OPTIONS[k].parse(v, f"[[models]] {i + 1}")
             elif not isinstance(v, MODEL_KEYS[k]) or isinstance(v, bool) and MODEL_KEYS[k] is not bool:
@@ -406,6 +413,16 @@ def _check_rpc(value: Any, allow_lan: bool, where: str) -> None:
                           "(rpc_allow_lan = true) to use rpc-servers on a LAN you trust")
 
 
+def _check_gpu_layers(value: Any, where: str) -> None:
+    """ConfigError unless value is "auto", "all" or a layer count (-1: all), as a string or a TOML integer."""
+    from engine.models.gpu import requested
+    try:
+        requested(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"invalid value for {where}: {value!r}; allowed: auto, all, or a number of layers "
+                          "(0: CPU only, -1: all)") from None
+
+
 def _check_remote_names(entries: list[ModelEntry], path: Path) -> None:
     """A remote entry's name is its own: requests naming it go upstream, so no other entry may share it."""
     seen: dict[str, ModelEntry] = {}
@@ -416,13 +433,12 @@ def _check_remote_names(entries: list[ModelEntry], path: Path) -> None:
                               "be its own")
 
 
-def _check_origins(values: dict[str, Any], sources: dict[str, str], path: Path) -> None:
-    """ConfigError unless cors_origins is a comma-separated list of origins (the Settings panel's check too)."""
+def _check_origins(value: str, label: str) -> None:
+    """ConfigError unless value is a comma-separated list of origins (the Settings panel's check too)."""
     from engine.origins import check_origins
-    problem = check_origins(values["cors_origins"]) if values.get("cors_origins") else None
+    problem = check_origins(value) if value else None
     if problem:
-        where = "--cors-origins (cli)" if sources["cors_origins"] == "cli" else f"'cors_origins' ({path})"
-        raise ConfigError(f"invalid value for {where}: {problem}")
+        raise ConfigError(f"invalid value for {label}: {problem}")
 
 
 def load(argv: list[str] | None = None, env_path: Path | None = None) -> Config:
@@ -454,7 +470,6 @@ def load(argv: list[str] | None = None, env_path: Path | None = None) -> Config:
         for k, v in layer.items():
             values[k] = v
             sources[k] = source
-    _check_origins(values, sources, path)
     cfg = Config(values=values, sources=sources, models=models, path=path)
     _check_rpc(values.get("rpc"), values["rpc_allow_lan"], f"{OPTIONS['rpc'].flag} ({sources['rpc']})")
     for i, m in enumerate(models):

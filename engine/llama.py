@@ -15,6 +15,7 @@ import os
 import re
 import threading
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -76,6 +77,51 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@dataclass(frozen=True)
+class GpuDevice:
+    """A GPU that ggml's backend registry offers (Vulkan0, CUDA0, MTL0…), with its memory as of the call."""
+    name: str
+    description: str
+    free: int
+    total: int
+
+
+_GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU and _IGPU (ggml-backend.h)
+_registry_api: ctypes.CDLL | None = None
+
+
+def _registry() -> ctypes.CDLL:
+    """The libggml copy libllama links (its registry holds the backends loaded), with the device calls bound."""
+    global _registry_api
+    if _registry_api is None:
+        lib = backends._ggml(backends.library_dir())
+        vp, sz = ctypes.c_void_p, ctypes.c_size_t
+        for fn, args, res in ((lib.ggml_backend_dev_count, [], sz), (lib.ggml_backend_dev_get, [sz], vp),
+                              (lib.ggml_backend_dev_type, [vp], ctypes.c_int),
+                              (lib.ggml_backend_dev_name, [vp], ctypes.c_char_p),
+                              (lib.ggml_backend_dev_description, [vp], ctypes.c_char_p),
+                              (lib.ggml_backend_dev_memory, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)], None)):
+            fn.argtypes, fn.restype = args, res
+        _registry_api = lib
+    return _registry_api
+
+
+def gpu_devices() -> list[GpuDevice]:
+    """The GPUs this build of llama.cpp can offload to (none in a CPU build, or before init_backend)."""
+    if not _initialized or not L.llama_supports_gpu_offload():
+        return []
+    api, found = _registry(), []
+    for i in range(api.ggml_backend_dev_count()):
+        dev = api.ggml_backend_dev_get(i)
+        if api.ggml_backend_dev_type(dev) in _GPU_TYPES:
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            api.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+            found.append(GpuDevice(api.ggml_backend_dev_name(dev).decode("utf-8", "replace"),
+                                   api.ggml_backend_dev_description(dev).decode("utf-8", "replace"),
+                                   free.value, total.value))
+    return found
+
+
 class RpcLost(RuntimeError):
     """An rpc-server holding part of the model went away: the decode's output is garbage (engine/rpc.py)."""
 
@@ -132,17 +178,18 @@ def _open_links(addresses: tuple[str, ...]) -> list[rpc.Link]:
 
 
 class LlamaModel:
-    """A loaded GGUF: weights (mmap'd), vocabulary and metadata. With rpc addresses, every layer is offloaded
-    to those rpc-servers' devices (split by their memory, as llama.cpp does) and the input embeddings stay
-    here."""
+    """A loaded GGUF: weights (mmap'd), vocabulary and metadata. gpu_layers of its layers go to the GPUs
+    (llama.cpp's n_gpu_layers: -1 all; engine/models/gpu.py decides how many), none with gpu "off". With rpc
+    addresses, every layer is offloaded to those rpc-servers' devices instead (split by their memory, as
+    llama.cpp does) and the input embeddings stay here."""
 
     def __init__(self, path: Path, gpu: str = "auto", progress: Callable[[float], None] | None = None,
-                 rpc_servers: tuple[str, ...] = ()):
+                 rpc_servers: tuple[str, ...] = (), gpu_layers: int = -1):
         init_backend(Path(path))
         self.path = Path(path)
         check_gguf(self.path)
         params = L.llama_model_default_params()
-        params.n_gpu_layers = 999 if gpu == "auto" or rpc_servers else 0
+        params.n_gpu_layers = -1 if rpc_servers else 0 if gpu == "off" else gpu_layers
         self.links = self._held = _open_links(rpc_servers)  # _held: until free() lets them go
         self.devices = [f"RPC {link.address}" for link in self.links] + ["CPU"] if rpc_servers else []
         self.ptr = None

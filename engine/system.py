@@ -33,10 +33,11 @@ def rss_bytes() -> int:
 
 def hardware_line() -> str:
     """One line naming the CPU, core count, memory, llama.cpp's CPU features and, in a build with CPU variants,
-    the variant in use (and any passed over as unsafe here)."""
+    the variant in use (and any passed over as unsafe here), then the GPUs llama.cpp can offload to."""
     choice = backends.current()
     variant = f"; {choice.describe()}" if choice is not None and choice.variant is not None else ""
-    return _machine_line() + variant
+    gpus = "".join(f"; GPU {d.name}: {d.description}, {d.total / 2**30:.1f} GiB" for d in llama.gpu_devices())
+    return _machine_line() + variant + gpus
 
 
 _hardware: str | None = None

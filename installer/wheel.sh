@@ -54,6 +54,21 @@ if [ "${1:-}" = "--args" ]; then
   cmake_args "${2:?usage: installer/wheel.sh --args VARIANT}"
   exit
 fi
+# The vendored ggml-vulkan.cpp creates its instance with VK_EXT_layer_settings, which Vulkan-Headers 1.3.239
+# (Debian 12's libvulkan-dev) lack: stop now rather than at that file, twenty minutes into the build.
+# The headers are the SDK's where VULKAN_SDK is set (Windows, macOS), else the system's.
+check_vulkan_headers() {
+  local core
+  core=${VULKAN_SDK:+$VULKAN_SDK/include}
+  core=${core:-$(pkg-config --variable=includedir vulkan 2>/dev/null || echo /usr/include)}/vulkan/vulkan_core.h
+  if [ -f "$core" ] && ! grep -q VK_EXT_layer_settings "$core"; then
+    echo "installer/wheel.sh: $core (VK_HEADER_VERSION $(sed -n 's/^#define VK_HEADER_VERSION \([0-9]*\).*/\1/p' \
+      "$core")) has no VK_EXT_layer_settings, which the vendored ggml-vulkan.cpp needs: install newer Vulkan-Headers" \
+      "(the Vulkan SDK's)" >&2
+    exit 3
+  fi
+}
+
 VARIANT=${1:?usage: installer/wheel.sh VARIANT}
 ARGS=$(cmake_args "$VARIANT")
 VERSION=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
@@ -68,6 +83,7 @@ if [ -n "${LLAMA_WHEEL:-}" ]; then
   exit
 fi
 if [ ! -f "$DIR/.done" ]; then
+  [ "$VARIANT" != vulkan ] || check_vulkan_headers
   echo "building llama-cpp-python $VERSION ($VARIANT) into $DIR: $ARGS" >&2
   mkdir -p "$DIR"
   # pip's cache is bypassed: it keys wheels by the sdist, not by CMAKE_ARGS, and would hand back another build

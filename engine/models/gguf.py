@@ -31,6 +31,11 @@ def read_metadata(path: Path) -> dict[str, object]:
 
 
 def _parse(m) -> dict[str, object]:
+    return _header(m)[0]
+
+
+def _header(m) -> tuple[dict[str, object], int]:
+    """The metadata and where the tensor infos that follow it start."""
     if m[:4] != b"GGUF":
         raise NotGGUF("not a GGUF file")
     version, _, n_kv = struct.unpack_from("<IQQ", m, 4)
@@ -67,7 +72,30 @@ def _parse(m) -> dict[str, object]:
             raise NotGGUF(f"unknown metadata type {kind} in '{key}'")
         if pos > len(m):
             raise NotGGUF("the header runs past the end of the file")
-    return out
+    return out, pos
+
+
+def tensor_sizes(path: Path) -> dict[str, int]:
+    """Bytes each tensor takes in the file, by name (from the data offsets: the type tables are not needed)."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        try:
+            meta, pos = _header(m)
+            (n_tensors,) = struct.unpack_from("<Q", m, 8)
+            offsets = {}
+            for _ in range(n_tensors):
+                (n,) = struct.unpack_from("<Q", m, pos)
+                name = bytes(m[pos + 8:pos + 8 + n]).decode("utf-8")
+                (n_dims,) = struct.unpack_from("<I", m, pos + 8 + n)
+                pos += 8 + n + 4 + 8 * n_dims + 4  # the name, its dimensions and its type
+                (offsets[name],) = struct.unpack_from("<Q", m, pos)
+                pos += 8
+        except (struct.error, IndexError, UnicodeDecodeError) as e:
+            raise NotGGUF(f"{path.name}: the GGUF tensor table is cut short or malformed ({e})") from None
+        align = int(meta.get("general.alignment", 32) or 32)
+        data_size = len(m) - (pos + -pos % align)
+    ends = sorted(offsets.values())[1:] + [data_size]
+    # max: a file cut short inside its tensor data (llama.cpp then refuses it, saying so)
+    return {name: max(0, end - start) for (name, start), end in zip(sorted(offsets.items(), key=lambda t: t[1]), ends)}
 
 
 @dataclass(frozen=True)

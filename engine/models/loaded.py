@@ -13,13 +13,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine import tools
+from engine import llama, tools
 from engine.chat import ChatTemplate
 from engine.core.promptcache import PromptCache, model_key
 from engine.core.request import Request, RequestState
 from engine.core.runner import Runner
 from engine.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError, UnsupportedByModel
 from engine.llama import BatchContext, EmbedContext, LlamaModel, RankContext, SamplerChain
+from engine.models import gguf, gpu
 from engine.requests import SamplingParams
 from engine.text import StopMatcher
 from engine.vision import Projector
@@ -64,6 +65,7 @@ class ModelSettings:
     threads: int
     default_max_tokens: int
     gpu: str = "auto"
+    gpu_layers: str | int = "auto"  # layers offloaded: "auto" (as many as fit), "all", N (engine/models/gpu.py)
     chat_template: str | None = None  # a Jinja file that replaces the GGUF's template
     tool_format: str | None = None  # None: detected from the template; "none": tools are refused
     kv_unified: bool = True
@@ -81,7 +83,8 @@ class LoadedModel:
                  progress: Callable[[float], None] | None = None):
         self.id = model_id
         self.settings = settings
-        self.model = LlamaModel(path, settings.gpu, progress, settings.rpc)
+        self.placement = self._placement(path, settings)
+        self.model = LlamaModel(path, settings.gpu, progress, settings.rpc, self.placement.gpu_layers)
         self.state = "loading"
         self.embedding_only = self.model.is_embedding_model
         self.projector = self._projector(settings)
@@ -111,6 +114,20 @@ class LoadedModel:
         self.outstanding = 0  # requests submitted and not yet ended (event loop only)
         self.created = int(time.time())
         self.state = "ready"
+
+    @staticmethod
+    def _placement(path: Path, settings: ModelSettings) -> gpu.Placement:
+        """How many layers go to the GPUs the build offers (all to the rpc-servers when it has some)."""
+        llama.check_gguf(path)
+        llama.init_backend(path)
+        try:
+            if settings.rpc:
+                n = gpu.model_layers(path).count
+                return gpu.Placement(gpu.ALL, n, n, why="rpc-servers")
+            return gpu.place(path, settings.ctx, settings.streams, settings.kv_dtype, settings.chunk, settings.gpu,
+                             settings.gpu_layers, llama.gpu_devices())
+        except gguf.NotGGUF as e:
+            raise ModelLoadError(f"cannot load model {path}: {e}") from None
 
     def _projector(self, settings: ModelSettings) -> Projector | None:
         """The vision projector the settings name (loaded beside the weights), or None."""
@@ -286,7 +303,14 @@ class LoadedModel:
                 "params": m.n_params, "n_ctx_train": m.n_ctx_train, "description": m.description,
                 "embedding_only": self.embedding_only, "reranker": m.is_reranker, "chunk": self.settings.chunk,
                 "kv_dtype": self.settings.kv_dtype, "vision": self.vision,
-                "devices": m.devices or ["local"]}  # where it runs: the rpc-servers holding its layers, then here
+                "devices": self.devices(), "gpu_layers": {"offloaded": self.placement.offloaded,
+                                                          "total": self.placement.total}}
+
+    def devices(self) -> list[str]:
+        """Where it runs: the rpc-servers or GPUs holding its layers, then here ("local": all of it here)."""
+        if self.model.devices:
+            return self.model.devices
+        return [*self.placement.devices, "CPU"] if self.placement.devices else ["local"]
 
     def free(self) -> None:
         """Release every native object of the model (scheduler thread, after all its requests ended)."""

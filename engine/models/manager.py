@@ -100,7 +100,8 @@ class ModelManager:
         c = self.config
         return ModelSettings(streams=entry.streams or c.streams, ctx=entry.ctx or c.ctx, chunk=entry.chunk or c.chunk,
                              kv_dtype=entry.kv_dtype or c.kv_dtype, threads=c.threads or llama.default_threads(),
-                             default_max_tokens=c.max_tokens, gpu=c.gpu, chat_template=entry.chat_template,
+                             default_max_tokens=c.max_tokens, gpu=c.gpu,
+                             gpu_layers=_either(entry.gpu_layers, c.gpu_layers), chat_template=entry.chat_template,
                              tool_format=entry.tool_format, kv_unified=_either(entry.kv_unified, c.kv_unified),
                              cache_ram=cache_ram_bytes(_either(entry.cache_ram, c.cache_ram)),
                              cache_disk=_either(entry.cache_disk, c.cache_disk) << 20,

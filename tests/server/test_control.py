@@ -56,6 +56,9 @@ def test_config_report_validate_and_save(tiny_server):
     assert body["keys"]["port"]["source"] == "cli" and body["models"][0]["name"] == "tiny-random-llama"
     status, body = call(tiny_server, "POST", "/config", {"values": {"kv_dtype": "f8"}})
     assert status == 400 and body["error"]["param"] == "kv_dtype" and "q8_0" in body["error"]["message"]
+    # a value the next start would refuse is never written: origins are checked here as at load
+    status, body = call(tiny_server, "POST", "/config", {"values": {"cors_origins": "not a url"}, "save": True})
+    assert status == 400 and body["error"]["param"] == "cors_origins" and "not an origin" in body["error"]["message"]
     status, body = call(tiny_server, "POST", "/config", {"values": {"colour": 1}})
     assert status == 400 and "unknown config key" in body["error"]["message"]
     status, body = call(tiny_server, "POST", "/config", {"values": {"chunk": 256}, "save": True})
