@@ -154,6 +154,7 @@ class OllamaGenerateRequest(_Generating):
     system: str | None = None
     raw: bool = False
     images: list[str] | None = None  # base64, with the prompt's user message (not with "raw")
+    suffix: str | None = None  # fill in the middle: the prompt is the text before the gap, this after it
 
 
 class OllamaEmbedRequest(_KeepAlive):
@@ -490,10 +491,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = parse(OllamaGenerateRequest, await read_json(request), "ollama.generate")
     svc = request.app[SERVICE]
     model, sampling, fmt, keep = _model(request, body.model), body.sampling(), body.output(), body.keep()
-    if not body.prompt:  # Ollama's way to load a model (or, with keep_alive 0, to unload it): done at once
+    if not body.prompt and body.suffix is None:  # Ollama's way to load a model (or with keep_alive 0, to unload it)
         return await _load_or_unload(request, model, keep, {"response": ""})
     t0 = time.monotonic()
-    if body.raw:
+    if body.suffix is not None:
+        gen = await _fill_in_the_middle(request, body, model, sampling, keep)
+    elif body.raw:
         for field, why in (("format", "needs the chat template"), ("images", "go with the chat template's user turn")):
             if getattr(body, field):
                 raise InvalidRequest(f"'{field}' {why}: not with \"raw\": true", field)
@@ -516,6 +519,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
     async def whole() -> dict:
         return {"response": await gen.text()}
     return await _reply(request, gen, t0, body.stream, parts(), whole, {"response": ""})
+
+
+async def _fill_in_the_middle(request: web.Request, body: OllamaGenerateRequest, model: str, sampling, keep):
+    """What goes between the prompt and the suffix, laid out with the model's FIM tokens as /infill does."""
+    for field in ("system", "format", "images"):
+        if getattr(body, field):
+            raise InvalidRequest(f"'{field}' does not go with 'suffix' (a fill-in-the-middle prompt has no chat "
+                                 "template)", field)
+    if remote.is_remote(request, model):
+        raise InvalidRequest(f"model '{model}' is remote: 'suffix' (fill in the middle) is for local models", "suffix")
+    gen, = await request.app[SERVICE].generator.infill(model, body.prompt, body.suffix, "", sampling, 1, keep,
+                                                        field="suffix")
+    return gen
 
 
 async def _load_or_unload(request: web.Request, model: str, keep, empty: dict) -> web.Response:

@@ -140,3 +140,27 @@ def test_infill_puts_input_extra_before_the_prefix(fim_server):
     assert out["tokens_evaluated"] == base + 2 * count[0] + count[1] + count[2]
     status, err = call(fim_server, "POST", "/infill", {**body, "input_extra": [{"text": 5}]})
     assert status == 400 and err["error"]["param"] == "input_extra"
+
+
+def test_ollama_generate_suffix_fills_the_middle_as_infill_does(fim_server, smol_server):
+    import ollama
+    infill = call(fim_server, "POST", "/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 6,
+                                                  "temperature": 0})[1]
+    client, plain = ollama.Client(host=fim_server.url), ollama.Client(host=smol_server.url)
+    try:
+        out = client.generate(model="tiny-fim", prompt=PREFIX, suffix=SUFFIX, stream=False,
+                              options={"num_predict": 6, "temperature": 0})
+        assert out.response == infill["content"] and out.done_reason == "length"
+        streamed = "".join(p.response for p in client.generate(model="tiny-fim", prompt=PREFIX, suffix=SUFFIX,
+                                                               stream=True, options={"num_predict": 6,
+                                                                                     "temperature": 0}))
+        assert streamed == infill["content"]
+        with pytest.raises(ollama.ResponseError) as e:  # no chat template in a FIM prompt
+            client.generate(model="tiny-fim", prompt=PREFIX, suffix=SUFFIX, system="be brief", stream=False)
+        assert e.value.status_code == 400 and "'system' does not go with 'suffix'" in e.value.error
+        with pytest.raises(ollama.ResponseError) as e:  # a model without FIM tokens
+            plain.generate(model="smollm2", prompt="a", suffix="b", stream=False)
+        assert e.value.status_code == 400 and "fill-in-the-middle tokens" in e.value.error
+    finally:
+        client._client.close()  # the client has no close() of its own; its httpx client does
+        plain._client.close()
