@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from engine import backends
 from engine.errors import BenchRunning, Conflict
 from engine.models.loaded import LoadedModel
 from engine.system import hardware_line
@@ -67,6 +68,15 @@ def _tg(m: LoadedModel, n: int, streams: int, rng: random.Random, cancel: thread
             b.set_row(s, rng.randrange(m.model.n_vocab), pos, s, True)
         b.run(streams)
     return time.perf_counter() - t0
+
+
+def where(m: LoadedModel) -> dict[str, Any]:
+    """What a run of m ran on: its devices and layers offloaded (as /v1/models has them) and the CPU variant
+    loaded (None for a build without variants)."""
+    choice = backends.current()
+    described = m.describe()
+    return {"devices": described["devices"], "gpu_layers": described["gpu_layers"],
+            "cpu_variant": choice.variant.name if choice is not None and choice.variant is not None else None}
 
 
 def plan(m: LoadedModel) -> list[tuple[str, int]]:
@@ -143,7 +153,7 @@ class Bench:
             raise Conflict(f"model '{m.id}' is serving {busy} request(s); the benchmark needs it idle")
         self._cancel.clear()
         self.state = {"state": "running", "model": m.id, "current": None, "step": 0, "steps": len(plan(m)),
-                      "rows": [], "started": time.time()}
+                      "rows": [], "started": time.time(), **where(m)}
         return m
 
     def cancel(self) -> bool:
@@ -180,7 +190,7 @@ class Bench:
         mm = m.model
         record = {"state": "done", "model": m.id, "file": str(mm.path), "quant": mm.quant(), "params": mm.n_params,
                   "kv_dtype": m.settings.kv_dtype, "threads": m.settings.threads, "streams": m.settings.streams,
-                  "hardware": hardware_line(), "rows": rows, "started": state["started"],
+                  "hardware": hardware_line(), **where(m), "rows": rows, "started": state["started"],
                   "seconds": round(time.monotonic() - t0, 2)}
         self.state = record
         self.history = (self.history + [record])[-20:]

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QHeaderView, QLabel, QLis
 
 from app.gui import theme
 from app.gui.panels.elided import ElidedLabel
+from app.gui.panels.models import runs_on
 
 INTRO = ("Measures this machine with llama-bench's tests on the chosen model. While it runs the engine is the "
          "benchmark's alone: other requests wait (503). t/s is tokens per second, the mean of three timed runs.")
@@ -180,7 +181,8 @@ class BenchmarkPanel(QWidget):
         self.chart.getPlotItem().getAxis("bottom").setTicks([[(i, r["test"]) for i, r in enumerate(rows)]])
         when = time.strftime("%H:%M:%S", time.localtime(record["started"]))
         summary = ", ".join(f"{r['test']} {r['t_s']:.0f}" for r in rows)
-        self.history.insertItem(0, f"{when} {record['model']} ({record['quant']}, {record['threads']} threads): "
-                                   f"{summary} t/s")
-        self.history.item(0).setToolTip(self.history.item(0).text())
-        self.status.setText(f"done in {record['seconds']:.1f} s · {record['hardware']}")
+        where = runs_on(record, record.get("cpu_variant"))
+        self.history.insertItem(0, f"{when} {record['model']} ({record['quant']}, {record['threads']} threads, "
+                                   f"{where}): {summary} t/s")
+        self.history.item(0).setToolTip(f"{self.history.item(0).text()}\n{record['hardware']}")
+        self.status.setText(f"done in {record['seconds']:.1f} s on {where} · {record['hardware']}")

@@ -10,9 +10,31 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogBut
 from app.gui.panels.elided import ElidedLabel, breakable
 from app.gui.panels.settings import ERROR_STYLE, check_url
 from app.gui.theme import icon
+from engine import backends
 from engine.config import KV_DTYPES
 
 UPSTREAM, NAME = 0, 1  # the remote dialog's columns: the upstream's id (ticked to add), the name here
+
+
+def cpu_variant() -> str | None:
+    """The CPU variant the engine loaded (a build with CPU variants), None for a native build or before a load."""
+    choice = backends.current()
+    return choice.variant.name if choice is not None and choice.variant is not None else None
+
+
+def runs_on(model: dict, variant: str | None) -> str:
+    """Where a model runs, from /v1/models' devices and gpu_layers (or a benchmark record's): "CPU (zen4)",
+    "Vulkan0 (…) · all 31 layers", "RPC 127.0.0.1:50052 · all 31 layers", "Vulkan0 (…) · 20/31 layers · the rest on
+    CPU (zen4)"."""
+    cpu = f"CPU ({variant})" if variant else "CPU"
+    offloaded_to = [d for d in model.get("devices") or () if d not in ("CPU", "local")]
+    if not offloaded_to:
+        return cpu
+    layers = model.get("gpu_layers") or {}
+    done, total = layers.get("offloaded", 0), layers.get("total", 0)
+    if done >= total:
+        return f"{', '.join(offloaded_to)} · all {total} layers"
+    return f"{', '.join(offloaded_to)} · {done}/{total} layers · the rest on {cpu}"
 
 
 def _size(n: int) -> str:
@@ -22,7 +44,7 @@ def _size(n: int) -> str:
 
 
 class ModelCard(QFrame):
-    """One slot: file, size, quant, ctx, streams, state, prefix-cache hit rate."""
+    """One slot: file, size, quant, ctx, streams, state, prefix-cache hit rate, and where it runs."""
 
     def __init__(self, model: dict, stats: dict | None, bridge):
         super().__init__()
@@ -41,6 +63,10 @@ class ModelCard(QFrame):
             value = ElidedLabel(v, mode=Qt.TextElideMode.ElideMiddle if k == "file" else Qt.TextElideMode.ElideRight)
             grid.addWidget(value, 1 + i // 2, (i % 2) * 2 + 1)
             self.values[k] = value
+        row = 1 + (len(facts) + 1) // 2
+        grid.addWidget(QLabel("runs on"), row, 0)
+        self.runs_on = ElidedLabel(runs_on(model, cpu_variant()))  # a GPU's description runs long: elided
+        grid.addWidget(self.runs_on, row, 1, 1, 3)
         self.update_stats(stats)
         buttons = QHBoxLayout()
         self.unload = QPushButton(icon("panels-unload"), "Unload")
@@ -55,11 +81,11 @@ class ModelCard(QFrame):
         buttons.addWidget(self.settings_button)
         buttons.addWidget(self.make_default)
         buttons.addWidget(self.unload)
-        grid.addLayout(buttons, 6, 0, 1, 4)
+        grid.addLayout(buttons, row + 1, 0, 1, 4)
         self.settings = self._settings_form(model, bridge)
         self.settings.setVisible(False)
         self.settings_button.toggled.connect(self.settings.setVisible)
-        grid.addWidget(self.settings, 7, 0, 1, 4)
+        grid.addWidget(self.settings, row + 2, 0, 1, 4)
 
     def _settings_form(self, model: dict, bridge) -> QWidget:
         """Per-model settings; Apply loads the model again with them (and saves them to the config)."""
