@@ -394,22 +394,35 @@ def test_dashboard_shows_where_reused_prompt_tokens_came_from(gui):
     assert f"from RAM {stats['ram_reused_tokens']}" in text and "conversations in RAM" in text
 
 
-def test_the_dashboard_streams_table_shows_whole_model_names(gui):
+def test_the_dashboard_streams_table_shows_whole_model_names(gui, assets):
+    long_name = "SmolLM2-135M-Instruct.Q4_1-but-longer"  # a real GGUF stem and then some
     gui.window.show_panel("Dashboard")
     t = gui.window.panels["Dashboard"].table
-    body = json.dumps({"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 600,
-                       "temperature": 0, "ignore_eos": True}).encode()
-    req = urllib.request.Request(gui.host.url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+
+    def post(path: str, body: dict) -> bytes:
+        req = urllib.request.Request(gui.host.url + path, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        return urllib.request.urlopen(req, timeout=60).read()
 
     async def a_stream_shown():
-        answer = asyncio.ensure_future(asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=60).read()))
-        while t.rowCount() == 0:  # the dashboard updates once a second
-            await asyncio.sleep(0.1)
+        await asyncio.to_thread(post, "/v1/models/load", {"path": str(assets["tiny"]), "name": long_name})
+        answer = asyncio.ensure_future(asyncio.to_thread(
+            post, "/v1/chat/completions", {"model": long_name, "messages": [{"role": "user", "content": "A story"}],
+                                           "max_tokens": 600, "temperature": 0, "ignore_eos": True}))
+        while not any(t.item(r, 1) and t.item(r, 1).text() == long_name for r in range(t.rowCount())):
+            await asyncio.sleep(0.1)  # the dashboard updates once a second
         await answer
-    gui.run_loop(a_stream_shown())
-    model = t.item(0, 1)
-    assert model.text() == "tiny-random-llama" and model.toolTip() == model.text()
-    assert t.columnWidth(1) >= t.fontMetrics().horizontalAdvance(model.text())  # not "tiny-rando…"
+    gui.window.resize(900, 600)  # the narrowest window
+    try:
+        gui.run_loop(a_stream_shown())
+        gui.run_loop(asyncio.sleep(0.1))
+        model = next(t.item(r, 1) for r in range(t.rowCount()) if t.item(r, 1).text() == long_name)
+        assert model.toolTip() == long_name
+        assert t.columnWidth(1) >= t.fontMetrics().horizontalAdvance(long_name)  # not "SmolLM2-13…"
+        assert gui.window.width() == 900  # the table scrolls sideways; the window keeps its size
+    finally:
+        gui.window.resize(1200, 800)
+        gui.run_loop(asyncio.to_thread(post, "/v1/models/unload", {"model": long_name}))
 
 
 def test_a_second_launch_activates_the_first(loop):

@@ -72,8 +72,9 @@ class DashboardPanel(QWidget):
         self.table = QTableWidget(0, 7)
         self.table.setHorizontalHeaderLabels(["stream", "model", "state", "progress", "tok/s", "prompt", "tail"])
         self.table.horizontalHeader().setSectionResizeMode(6, QHeaderView.ResizeMode.Stretch)
-        # the model's whole name and the state with its finish reason: the tail (stretched) gives way to them
-        for col in (1, 2):
+        # every column but the tail as wide as its text (the model's whole name, the state with its finish
+        # reason, the short numbers): the tail (stretched) gives way to them; a narrow window scrolls sideways
+        for col in (0, 1, 2, 4, 5):
             self.table.horizontalHeader().setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
         self.table.verticalHeader().setVisible(False)
         self.table.setWordWrap(False)
