@@ -163,7 +163,8 @@ MODEL_KEYS = {"name": str, "path": str, "default": bool, "ctx": int, "streams": 
               "timeout": int, "rpc": (str, list), "gpu_layers": (str, int)}
 BACKENDS = ("local", "remote")  # local: a GGUF llama.cpp serves here; remote: an OpenAI-compatible server elsewhere
 # The keys a remote entry takes; every other roster key is about a GGUF served here.
-REMOTE_KEYS = ("name", "backend", "url", "urls", "api_key", "api_key_env", "remote_model", "timeout")
+REMOTE_KEYS = ("name", "backend", "default", "url", "urls", "api_key", "api_key_env", "remote_model", "timeout")
+SHARED_KEYS = ("name", "backend", "default")  # the keys a local entry shares with a remote one
 REMOTE_TIMEOUT_S = (1, 86400)  # bounds of a remote entry's timeout
 # The tool-call wire formats engine/tools.py parses and constrains (the one list); a roster entry may also
 # say "none" (tools refused with a 400).
@@ -329,7 +330,7 @@ def _parse_models(raw: Any, path: Path) -> list[ModelEntry]:
         for k, v in item.items():
             if k not in MODEL_KEYS:
                 raise ConfigError(f"unknown key '{k}' in [[models]] entry {i + 1}; allowed: {', '.join(MODEL_KEYS)}")
-            if k in REMOTE_KEYS and k not in ("name", "backend"):
+            if k in REMOTE_KEYS and k not in SHARED_KEYS:
                 raise ConfigError(f"'{k}' in [[models]] entry {i + 1} is for a remote model: add "
                                   "backend = \"remote\" (and no 'path')")
             if k == "tool_format" and v not in (*TOOL_FORMATS, "none"):
@@ -361,7 +362,7 @@ def _parse_remote(item: dict[str, Any], n: int, path: Path) -> ModelEntry:
         if k not in REMOTE_KEYS:
             raise ConfigError(f"'{k}' does not apply to a remote model ({where}, backend = \"remote\"); its keys: "
                               f"{', '.join(REMOTE_KEYS)}")
-        if not isinstance(v, MODEL_KEYS[k]) or isinstance(v, bool):
+        if not isinstance(v, MODEL_KEYS[k]) or isinstance(v, bool) and MODEL_KEYS[k] is not bool:
             raise ConfigError(f"invalid value for '{k}' in {where}: {v!r}")
         if isinstance(v, str) and ("\x00" in v or len(v) > 4096 or not v.strip()):
             raise ConfigError(f"invalid value for '{k}' in {where}: empty, a NUL character or over 4096 characters")

@@ -111,10 +111,17 @@ class Generator:
         async with self.roster.lease(req.model, req.keep_alive) as m:
             req, sampling, reading = compile_output(m, req)
             prompt, text = await self._off_loop(self._chat_tokens, m, req)
-            # templates that open <think> in the generation prompt: the reply starts inside the reasoning
-            opens = reading.reasoning and text.rstrip().endswith("<think>")
+            # templates that open <think> in the generation prompt: the reply starts inside the reasoning, unless a
+            # grammar binds it from its first token (a required call, a response_format), which is then no reasoning
+            bound = sampling.grammar is not None and not sampling.grammar_triggers
+            opens = reading.reasoning and text.rstrip().endswith("<think>") and not bound
             reading = dataclasses.replace(reading, in_reasoning=opens)
-            return await self._submit(m, prompt, sampling, n, reading)
+            try:
+                return await self._submit(m, prompt, sampling, n, reading, truncatable=req.truncation is not None)
+            except InvalidRequest as e:
+                if e.param is None:  # llama.cpp refused the grammar: name the field it was compiled from
+                    e.param = "tools" if reading.constrained_calls else "response_format"
+                raise
 
     async def complete(self, req: CompletionRequest, n: int = 1) -> list[Generation]:
         """Tokenize and queue a raw completion with n choices."""
@@ -130,7 +137,7 @@ class Generator:
             return await self._submit(m, prompt, req.sampling, n, OutputReading(), chat=False)
 
     async def _submit(self, m: LoadedModel, prompt: list[int], sampling: SamplingParams, n: int,
-                      reading: OutputReading, chat: bool = True) -> list[Generation]:
+                      reading: OutputReading, chat: bool = True, truncatable: bool = True) -> list[Generation]:
         """Check the request against the model, build each choice's sampler (a grammar llama.cpp refuses is a
         400 here, before anything streams) and hand the request to the scheduler thread: the prompt is
         prefilled once, the other choices fork its KV (seeds seed, seed+1, ... when a seed is given)."""
@@ -145,7 +152,7 @@ class Generator:
         base = f"{next(self._ids):x}{uuid.uuid4().hex[:12]}"
         choices = [dataclasses.replace(sampling, seed=None if sampling.seed is None else sampling.seed + i)
                    for i in range(n)]
-        reqs = [m.make_request(base if i == 0 else f"{base}-{i}", prompt, sp, special, chat)
+        reqs = [m.make_request(base if i == 0 else f"{base}-{i}", prompt, sp, special, chat, truncatable)
                 for i, sp in enumerate(choices)]
         m.outstanding += n  # the places are taken while the samplers are built; given back if that fails
         fut = asyncio.get_running_loop().run_in_executor(self._prep, lambda: _samplers(m, choices))
@@ -228,12 +235,15 @@ class Generator:
     # ---- llama-server's utilities ----------------------------------------------------------------
 
     async def tokenize(self, model: str | None, text: str, add_special: bool, parse_special: bool,
-                       ) -> tuple[LoadedModel, list[int]]:
-        """The model's token ids for text (off the loop)."""
+                       with_pieces: bool = False) -> list[int] | list[dict[str, Any]]:
+        """The model's token ids for text, or with_pieces each as {id, piece} (off the loop: a long text's
+        pieces take the loop a second)."""
         async with self.roster.lease(model) as m:
-            toks = await self._off_loop(lambda: m.model.tokenize(text, add_special=add_special,
-                                                                 parse_special=parse_special))
-            return m, toks
+            def run() -> list:
+                toks = m.model.tokenize(text, add_special=add_special, parse_special=parse_special)
+                return [{"id": t, "piece": _piece(m.model.piece(t, special=True))} for t in toks] if with_pieces \
+                    else toks
+            return await self._off_loop(run)
 
     async def detokenize(self, model: str | None, tokens: list[int]) -> str:
         """The text token ids stand for (special tokens as their text; invalid UTF-8 as U+FFFD)."""
@@ -349,6 +359,14 @@ def _rerank_pair(model: LlamaModel, query: str, doc: str) -> list[int]:
     d = model.tokenize(doc, add_special=False, parse_special=False)
     return [*([model.bos_id] if model.add_bos else []), *q, *([eos] if model.add_eos else []),
             *([model.sep_id] if model.add_sep else []), *d, *([eos] if model.add_eos else [])]
+
+
+def _piece(b: bytes) -> str | list[int]:
+    """A token's text; its bytes when it holds part of a multi-byte character (as llama-server sends them)."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(b)
 
 
 def _samplers(m: LoadedModel, choices: list[SamplingParams]) -> list:

@@ -86,7 +86,7 @@ class GpuDevice:
     total: int
 
 
-_GPU_TYPES = (1, 2)  # GGML_BACKEND_DEVICE_TYPE_GPU and _IGPU (ggml-backend.h)
+_GPU, _IGPU = 1, 2  # GGML_BACKEND_DEVICE_TYPE_GPU and _IGPU (ggml-backend.h)
 _registry_api: ctypes.CDLL | None = None
 
 
@@ -100,26 +100,34 @@ def _registry() -> ctypes.CDLL:
                               (lib.ggml_backend_dev_type, [vp], ctypes.c_int),
                               (lib.ggml_backend_dev_name, [vp], ctypes.c_char_p),
                               (lib.ggml_backend_dev_description, [vp], ctypes.c_char_p),
+                              (lib.ggml_backend_dev_backend_reg, [vp], vp),
+                              (lib.ggml_backend_reg_name, [vp], ctypes.c_char_p),
                               (lib.ggml_backend_dev_memory, [vp, ctypes.POINTER(sz), ctypes.POINTER(sz)], None)):
             fn.argtypes, fn.restype = args, res
         _registry_api = lib
     return _registry_api
 
 
+def _gpu_device(api: ctypes.CDLL, dev: int) -> GpuDevice:
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    api.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return GpuDevice(api.ggml_backend_dev_name(dev).decode("utf-8", "replace"),
+                     api.ggml_backend_dev_description(dev).decode("utf-8", "replace"), free.value, total.value)
+
+
 def gpu_devices() -> list[GpuDevice]:
-    """The GPUs this build of llama.cpp can offload to (none in a CPU build, or before init_backend)."""
+    """The GPUs llama.cpp offloads a model's layers to when it is given none (llama_prepare_model_devices): the
+    discrete GPUs, else the integrated ones; an rpc-server's devices are a model's own (`--rpc`). None in a CPU
+    build, or before init_backend."""
     if not _initialized or not L.llama_supports_gpu_offload():
         return []
-    api, found = _registry(), []
+    api, found = _registry(), {_GPU: [], _IGPU: []}
     for i in range(api.ggml_backend_dev_count()):
         dev = api.ggml_backend_dev_get(i)
-        if api.ggml_backend_dev_type(dev) in _GPU_TYPES:
-            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-            api.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            found.append(GpuDevice(api.ggml_backend_dev_name(dev).decode("utf-8", "replace"),
-                                   api.ggml_backend_dev_description(dev).decode("utf-8", "replace"),
-                                   free.value, total.value))
-    return found
+        kind = api.ggml_backend_dev_type(dev)
+        if kind in found and api.ggml_backend_reg_name(api.ggml_backend_dev_backend_reg(dev)) != b"RPC":
+            found[kind].append(_gpu_device(api, dev))
+    return found[_GPU] or found[_IGPU]
 
 
 class RpcLost(RuntimeError):
@@ -179,9 +187,9 @@ def _open_links(addresses: tuple[str, ...]) -> list[rpc.Link]:
 
 class LlamaModel:
     """A loaded GGUF: weights (mmap'd), vocabulary and metadata. gpu_layers of its layers go to the GPUs
-    (llama.cpp's n_gpu_layers: -1 all; engine/models/gpu.py decides how many), none with gpu "off". With rpc
-    addresses, every layer is offloaded to those rpc-servers' devices instead (split by their memory, as
-    llama.cpp does) and the input embeddings stay here."""
+    (llama.cpp's n_gpu_layers: -1 all; engine/models/gpu.py decides how many); with none (gpu "off", or 0
+    layers) it has no GPU device at all. With rpc addresses, every layer is offloaded to those rpc-servers'
+    devices instead (split by their memory, as llama.cpp does) and the input embeddings stay here."""
 
     def __init__(self, path: Path, gpu: str = "auto", progress: Callable[[float], None] | None = None,
                  rpc_servers: tuple[str, ...] = (), gpu_layers: int = -1):
@@ -205,8 +213,10 @@ class LlamaModel:
                                  f"it loaded ({lost.lost})") from None
 
     def _load(self, params, progress: Callable[[float], None] | None) -> None:
-        if self.links:
-            devices = _rpc_devices(self.links)
+        # No layer on a GPU: give the model no GPU device at all, else its contexts still create the GPU backend
+        # and run a prompt's large matmuls there (llama.cpp's op_offload), which --gpu off and 0 layers rule out.
+        devices = _rpc_devices(self.links) if self.links else [] if params.n_gpu_layers == 0 else None
+        if devices is not None:
             listed = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)  # NULL-terminated
             params.devices = ctypes.cast(listed, ctypes.c_void_p)
         if progress is not None:  # llama.cpp reports 0..1 while it reads the weights

@@ -56,7 +56,8 @@ class ChatRequest:
     model: str | None
     messages: list[dict[str, Any]]
     sampling: SamplingParams
-    truncation: str = "disabled"  # or "auto": drop the oldest turns until the prompt fits
+    truncation: str | None = "disabled"  # or "auto": drop the oldest turns until the prompt fits; None: the
+    # protocol has no such field (an over-context error does not advise it)
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}

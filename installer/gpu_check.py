@@ -2,9 +2,10 @@
 
 Serves one GGUF twice in one headless llamadesk (`--gpu auto`): as `gpu` (gpu_layers = "auto": as many layers
 as fit the GPU) and as `cpu` (gpu_layers = 0), asks both the same prompts greedily through the openai client,
-and checks that the texts are equal and that /v1/models puts `gpu` on a GPU device with all its layers and
-`cpu` on none. On a CI GPU runner or a desktop alike; on lavapipe (Mesa's software Vulkan device) only with
-GGML_VK_VISIBLE_DEVICES=0, since ggml-vulkan passes over a Vulkan device of type CPU unless it is named.
+and checks that the texts are equal (where they part, it reports the CPU's two likeliest tokens there) and
+that /v1/models puts `gpu` on a GPU device with all its layers and `cpu` on none. On a CI GPU runner or a
+desktop alike; on lavapipe (Mesa's software Vulkan device) only with GGML_VK_VISIBLE_DEVICES=0, since
+ggml-vulkan passes over a Vulkan device of type CPU unless it is named.
 
 Usage: python installer/gpu_check.py [--model GGUF] [--max-tokens N]
 Exit status: 0 passed, 1 failed, 2 no GPU device (a CPU-only build, or no driver: nothing to check).
@@ -62,6 +63,19 @@ def start(model: Path, tmp: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(0.5)
 
 
+def cpu_choices_where_they_part(client, prompt: str, max_tokens: int, at: int) -> list[tuple[str, float]]:
+    """The CPU's two likeliest tokens (and log-probabilities) at the token holding character at of its answer:
+    a near tie there means the backends' rounding, not a wrong kernel, parted the texts."""
+    r = client.chat.completions.create(model="cpu", messages=[{"role": "user", "content": prompt}], temperature=0,
+                                       max_tokens=max_tokens, logprobs=True, top_logprobs=2)
+    end = 0
+    for token in r.choices[0].logprobs.content:
+        end += len(token.token)
+        if end > at:
+            return [(c.token, round(c.logprob, 3)) for c in token.top_logprobs]
+    return []
+
+
 def check(base: str, max_tokens: int) -> dict:
     """The two models' placements and greedy answers, and whether they pass."""
     import openai
@@ -78,7 +92,11 @@ def check(base: str, max_tokens: int) -> dict:
                                                temperature=0, max_tokens=max_tokens)
             texts[name] = r.choices[0].message.content
         same = same and texts["gpu"] == texts["cpu"] and len(texts["cpu"]) > 0
-        report["prompts"].append({"prompt": prompt, **texts, "equal": texts["gpu"] == texts["cpu"]})
+        same_chars = len(os.path.commonprefix([texts["gpu"], texts["cpu"]]))
+        entry = {"prompt": prompt, **texts, "equal": texts["gpu"] == texts["cpu"], "same_chars": same_chars}
+        if not entry["equal"]:
+            entry["cpu_top2_where_they_part"] = cpu_choices_where_they_part(client, prompt, max_tokens, same_chars)
+        report["prompts"].append(entry)
     layers = gpu["gpu_layers"]
     report["on_gpu"] = layers["offloaded"] == layers["total"] > 0 and gpu["devices"][0] not in ("local", "CPU")
     report["cpu_on_cpu"] = cpu["gpu_layers"]["offloaded"] == 0 and cpu["devices"] == ["local"]

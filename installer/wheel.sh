@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # The llama-cpp-python wheel a bundle carries, built once per variant and configuration and cached.
 # Usage: installer/wheel.sh VARIANT          build it unless cached; print the wheel's path
-#        installer/wheel.sh --args VARIANT   print the variant's CMake arguments
+#        installer/wheel.sh --args VARIANT   print the variant's CMake arguments (vulkan: once the headers are fit)
 #        installer/wheel.sh --carry-modules WHEEL   move a pip-built wheel's ggml modules into llama_cpp/lib (below)
 # VARIANT: cpu (every CPU class: llama.cpp loads the best libggml-cpu-* at start), vulkan, cuda (Linux and
 # Windows) or metal (macOS); the GPU variants carry the CPU variants too, for the layers left on the CPU.
 # Environment: PYTHON (a python with pip; default python3), WHEEL_CACHE (default ~/.cache/llamadesk/wheels,
 # beside the Makefile's native wheel), LLAMA_WHEEL (a wheel already built with these arguments
-# and its modules carried: used as is).
+# and its modules carried: used as is), VULKAN_HEADERS (vulkan: the include folder of Vulkan-Headers to build
+# against, holding vulkan/vulkan_core.h, e.g. a Khronos Vulkan-Headers release's include/ or Debian 13's
+# libvulkan-dev unpacked; default: $VULKAN_SDK/include where VULKAN_SDK is set, else the system's).
 set -euo pipefail
+# absolute: CMake reads it from its build folder, and the caller named it from where it stands (a folder that is
+# not there stays as named, for check_vulkan_headers to say so)
+[ -z "${VULKAN_HEADERS:-}" ] || VULKAN_HEADERS=$(cd "$VULKAN_HEADERS" 2>/dev/null && pwd || echo "$VULKAN_HEADERS")
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
@@ -20,7 +25,7 @@ BASE_ARGS="-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DG
 cmake_args() {
   case "$1" in
     cpu) echo "$BASE_ARGS" ;;
-    vulkan) echo "$BASE_ARGS -DGGML_VULKAN=ON" ;;
+    vulkan) echo "$BASE_ARGS -DGGML_VULKAN=ON${VULKAN_HEADERS:+ -DVulkan_INCLUDE_DIR=$VULKAN_HEADERS}" ;;
     cuda) echo "$BASE_ARGS -DGGML_CUDA=ON" ;;
     # the Metal shaders are compiled into the library, so the .app needs no .metal file beside it
     metal) echo "$BASE_ARGS -DGGML_METAL=ON -DGGML_METAL_EMBED_LIBRARY=ON" ;;
@@ -46,29 +51,35 @@ carry_modules() {
   rm -rf "$tmp"
 }
 
+# The vendored ggml-vulkan.cpp creates its instance with VK_EXT_layer_settings, which Vulkan-Headers 1.3.239
+# (Debian 12's libvulkan-dev) lack: stop now rather than at that file, twenty minutes into the build.
+# The headers are VULKAN_HEADERS, else the SDK's where VULKAN_SDK is set (Windows, macOS), else the system's.
+check_vulkan_headers() {
+  local core
+  core=${VULKAN_HEADERS:-${VULKAN_SDK:+$VULKAN_SDK/include}}
+  core=${core:-$(pkg-config --variable=includedir vulkan 2>/dev/null || echo /usr/include)}/vulkan/vulkan_core.h
+  if [ -n "${VULKAN_HEADERS:-}" ] && [ ! -f "$core" ]; then
+    echo "installer/wheel.sh: VULKAN_HEADERS=$VULKAN_HEADERS holds no vulkan/vulkan_core.h (name their include" \
+      "folder)" >&2
+    exit 3
+  fi
+  if [ -f "$core" ] && ! grep -q VK_EXT_layer_settings "$core"; then
+    echo "installer/wheel.sh: $core (VK_HEADER_VERSION $(sed -n 's/^#define VK_HEADER_VERSION \([0-9]*\).*/\1/p' \
+      "$core")) has no VK_EXT_layer_settings, which the vendored ggml-vulkan.cpp needs: install newer Vulkan-Headers" \
+      "(the Vulkan SDK's, or set VULKAN_HEADERS to their include folder)" >&2
+    exit 3
+  fi
+}
+
 if [ "${1:-}" = "--carry-modules" ]; then
   carry_modules "${2:?usage: installer/wheel.sh --carry-modules WHEEL}"
   exit
 fi
 if [ "${1:-}" = "--args" ]; then
+  [ "${2:-}" != vulkan ] || check_vulkan_headers
   cmake_args "${2:?usage: installer/wheel.sh --args VARIANT}"
   exit
 fi
-# The vendored ggml-vulkan.cpp creates its instance with VK_EXT_layer_settings, which Vulkan-Headers 1.3.239
-# (Debian 12's libvulkan-dev) lack: stop now rather than at that file, twenty minutes into the build.
-# The headers are the SDK's where VULKAN_SDK is set (Windows, macOS), else the system's.
-check_vulkan_headers() {
-  local core
-  core=${VULKAN_SDK:+$VULKAN_SDK/include}
-  core=${core:-$(pkg-config --variable=includedir vulkan 2>/dev/null || echo /usr/include)}/vulkan/vulkan_core.h
-  if [ -f "$core" ] && ! grep -q VK_EXT_layer_settings "$core"; then
-    echo "installer/wheel.sh: $core (VK_HEADER_VERSION $(sed -n 's/^#define VK_HEADER_VERSION \([0-9]*\).*/\1/p' \
-      "$core")) has no VK_EXT_layer_settings, which the vendored ggml-vulkan.cpp needs: install newer Vulkan-Headers" \
-      "(the Vulkan SDK's)" >&2
-    exit 3
-  fi
-}
-
 VARIANT=${1:?usage: installer/wheel.sh VARIANT}
 ARGS=$(cmake_args "$VARIANT")
 VERSION=$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)

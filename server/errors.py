@@ -46,7 +46,9 @@ def classify(exc: E.EngineError) -> tuple[int, dict]:
     """HTTP status and body for an engine error."""
     for cls, status, type_, code in _MAP:
         if isinstance(exc, cls):
-            return status, error_body(exc.message, type_, exc.param, code)
+            # an upstream's refusal relayed (server/remote.py) keeps the upstream's own type and code
+            return status, error_body(exc.message, getattr(exc, "upstream_type", None) or type_, exc.param,
+                                      getattr(exc, "upstream_code", None) or code)
     raise AssertionError("unreachable: EngineError is the last entry")
 
 
@@ -68,14 +70,29 @@ def anthropic_error_body(status: int, message: str) -> dict:
     return {"type": "error", "error": {"type": type_, "message": message}}
 
 
+# The engine names the chat-completions field a value came in; these protocols carry it in fields of their own.
+_OLLAMA_PARAMS = {"response_format": "format"}
+_ANTHROPIC_PARAMS = {"response_format": "output_config"}
+
+
+def _naming(message: str, param: str | None, names: dict[str, str]) -> str:
+    """The message naming the protocol's field (their error shapes have no param of their own), led by it as
+    Anthropic leads its own ("max_tokens: Field required") where the message does not name it already."""
+    if param is None:
+        return message
+    field = names.get(param, param)
+    return message if field in message else f"{field}: {message}"
+
+
 def json_error(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None, request: web.Request | None = None) -> web.Response:
     """An error response in the OpenAI shape, or in the Ollama API's or Anthropic's for their routes (given
     the request)."""
     if request is not None and request.path.startswith(OLLAMA_PREFIX):
-        return web.json_response({"error": message}, status=status)
+        return web.json_response({"error": _naming(message, param, _OLLAMA_PARAMS)}, status=status)
     if request is not None and is_anthropic(request.path):
-        return web.json_response(anthropic_error_body(status, message), status=status)
+        return web.json_response(anthropic_error_body(status, _naming(message, param, _ANTHROPIC_PARAMS)),
+                                 status=status)
     return web.json_response(error_body(message, type_, param, code), status=status)
 
 

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -143,7 +144,7 @@ async def remote_middleware(request: web.Request, handler) -> web.StreamResponse
     if request.method != "POST" or request.path not in RELAYED_PATHS or not relay.remotes:
         return await handler(request)
     body = await read_json(request)  # the handler's own read_json gets the same bytes: request.read() caches
-    remote = relay.remotes.get(body.get("model"))
+    remote = _target(request.app, body.get("model"))
     if remote is None:
         return await handler(request)
     return await _forward(request, relay.session, remote, body)
@@ -197,6 +198,14 @@ async def _relayed(session: aiohttp.ClientSession, remote: RemoteModel, path: st
     if failures and failures[-1].timed_out:
         raise UpstreamTimeout(message)
     raise UpstreamError(message)
+
+
+def _target(app: web.Application, model: Any) -> RemoteModel | None:
+    """The remote model a request's "model" means: the one it names, or when it names none (absent or empty)
+    the default model when that is a remote one."""
+    if model is None or model == "":
+        model = app[SERVICE].roster.default_id
+    return app[RELAY].remotes.get(model)
 
 
 def _hops(request: web.Request) -> int:
@@ -369,16 +378,63 @@ async def chat(request: web.Request, req: ChatRequest, stream: bool) -> list[Gen
     """The generation of a chat request a translation made: the engine's for a local model; for a remote one the
     upstream's reply to it as chat completions (streamed when the client's is, so that a buffered reply is the
     upstream's buffered one, calls and all), read back into the engine's events."""
-    relay = request.app[RELAY]
-    remote = relay.remotes.get(req.model)
+    remote = _target(request.app, req.model)
     if remote is None:
         return await request.app[SERVICE].chat(req)
-    if relay.session is None or relay.session.closed:
-        raise EngineStopped("the server is shutting down")
     gen = RemoteGeneration(remote)
     payload = json.dumps(upstream_body(req, remote, stream), ensure_ascii=False).encode()
-    await gen.start(relay.session, payload, _hops(request))
+    await gen.start(_session(request), payload, _hops(request))
     return [gen]
+
+
+async def embed(request: web.Request, model: str | None, texts: list[str],
+                keep_alive: Any) -> tuple[str, list[list[float]], int]:
+    """(model id, vectors, prompt tokens) for texts, as the engine's embed answers: a remote model's from its
+    upstream's /embeddings (for the Ollama routes, whose shapes are not OpenAI's)."""
+    remote = _target(request.app, model)
+    if remote is None:
+        return await request.app[SERVICE].embed(model, texts, keep_alive)
+    payload = json.dumps({"model": remote.remote_model, "input": texts}, ensure_ascii=False).encode()
+    doc = await _relayed(_session(request), remote, "/embeddings", payload, _hops(request),
+                         lambda resp, replica, started: _json_answer(resp, replica, remote, started))
+    try:
+        rows = sorted(doc["data"], key=lambda d: d.get("index", 0))
+        vectors = [[float(x) for x in row["embedding"]] for row in rows]
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise UpstreamError(f"remote model '{remote.name}': the upstream's answer is not a list of embeddings "
+                            "(is its url an OpenAI-compatible /v1?)") from None
+    if len(vectors) != len(texts):
+        raise UpstreamError(f"remote model '{remote.name}': the upstream sent {len(vectors)} embeddings for "
+                            f"{len(texts)} texts")
+    return remote.name, vectors, int((doc.get("usage") or {}).get("prompt_tokens") or 0)
+
+
+async def _json_answer(resp: aiohttp.ClientResponse, replica: Replica, remote: RemoteModel,
+                       started: float) -> dict[str, Any]:
+    """An upstream's JSON answer (its refusal as ours when it refused)."""
+    await _refuse(resp, replica, remote)
+    raw = await _read(resp, replica, remote)
+    _served(replica, started)
+    return _upstream_json(raw, remote, "a JSON object")
+
+
+def _upstream_json(raw: bytes, remote: RemoteModel, expected: str) -> dict[str, Any]:
+    """An upstream's JSON object; UpstreamError for anything else (what was expected, and what came)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise UpstreamError(f"remote model '{remote.name}': the upstream sent {raw[:80]!r}, not {expected} (is its "
+                            "url an OpenAI-compatible /v1?)")
+    return doc
+
+
+def _session(request: web.Request) -> aiohttp.ClientSession:
+    session = request.app[RELAY].session
+    if session is None or session.closed:
+        raise EngineStopped("the server is shutting down")
+    return session
 
 
 def reply_reader(gen: Generation | RemoteGeneration, streaming: bool) -> ReplyReader | RemoteReader:
@@ -532,12 +588,9 @@ class RemoteGeneration:
 
     async def _read(self, resp: aiohttp.ClientResponse, replica: Replica, started: float) -> None:
         remote = self.remote
-        await _refuse_5xx(resp, replica, remote)
-        if resp.status >= 400:
-            said = _upstream_message(await _read(resp, replica, remote))
-            raise _refusal(resp.status, f"remote model '{remote.name}': {replica.url} answered {resp.status}: {said}")
+        await _refuse(resp, replica, remote)
         if resp.content_type != "text/event-stream":  # a buffered answer
-            body = self._json(await _read(resp, replica, remote))
+            body = _upstream_json(await _read(resp, replica, remote), remote, "a chat completion")
             self._begun(replica, started)
             self._chunk({**body, "choices": [{**c, "delta": c.get("message") or {}} for c in body.get("choices", [])]})
             return
@@ -545,7 +598,7 @@ class RemoteGeneration:
             async for line in resp.content:
                 if line.startswith(b"data:") and (data := line[5:].strip()) != b"[DONE]":
                     self._begun(replica, started)
-                    self._chunk(self._json(data))
+                    self._chunk(_upstream_json(data, remote, "a chat completion chunk"))
         except (TimeoutError, aiohttp.ClientError) as e:
             failure = _failure(replica, e, remote)
             if not self._first.done():
@@ -553,16 +606,6 @@ class RemoteGeneration:
             replica.errors += 1
             replica.fail(failure.reason, time.monotonic())
             raise UpstreamError(f"remote model '{remote.name}': {replica.url} {failure.reason} mid-stream") from None
-
-    def _json(self, raw: bytes) -> dict[str, Any]:
-        try:
-            doc = json.loads(raw)
-        except ValueError:
-            doc = None
-        if not isinstance(doc, dict):
-            raise UpstreamError(f"remote model '{self.remote.name}': the upstream sent {raw[:80]!r}, not a chat "
-                                "completion (is its url an OpenAI-compatible /v1?)")
-        return doc
 
     def _begun(self, replica: Replica, started: float) -> None:
         if not self._first.done():
@@ -615,6 +658,31 @@ _REFUSALS: dict[int, type[EngineError]] = {400: InvalidRequest, 422: InvalidRequ
                                            404: ModelNotFound, 401: UpstreamUnauthorized, 403: UpstreamUnauthorized}
 
 
-def _refusal(status: int, message: str) -> EngineError:
-    """An upstream's 4xx as the error this server answers with (its status class, the upstream's words)."""
-    return _REFUSALS.get(status, UpstreamError)(message)
+async def _refuse(resp: aiohttp.ClientResponse, replica: Replica, remote: RemoteModel) -> None:
+    """For an answer that is not a success: _Failed for a 5xx (the next replica may serve it), else the
+    upstream's refusal as this server's error, with its param, code and type."""
+    await _refuse_5xx(resp, replica, remote)
+    if resp.status < 400:
+        return
+    raw = await _read(resp, replica, remote)
+    said, fields = _upstream_model(_upstream_message(raw), remote), _error_fields(raw)
+    error = _REFUSALS.get(resp.status, UpstreamError)(
+        f"remote model '{remote.name}': {replica.url} answered {resp.status}: {said}", fields.get("param"))
+    error.upstream_code, error.upstream_type = fields.get("code"), fields.get("type")  # classify() keeps them
+    raise error
+
+
+def _error_fields(raw: bytes) -> dict[str, str]:
+    """The string fields of an upstream's OpenAI-shaped error body ({"error": {"param", "code", "type"...}})."""
+    try:
+        err = json.loads(raw).get("error")
+    except (ValueError, AttributeError):
+        return {}
+    return {k: v for k, v in err.items() if isinstance(v, str)} if isinstance(err, dict) else {}
+
+
+def _upstream_model(message: str, remote: RemoteModel) -> str:
+    """An upstream's message with the model it names called the upstream's (its id is not one of ours)."""
+    named = re.compile(r"(?<!upstream )\b([Mm])odel (['\"`]?)" + re.escape(remote.remote_model) + r"\2")
+    return named.sub(lambda m: f"{'u' if m[1] == 'm' else 'U'}pstream model {m[2]}{remote.remote_model}{m[2]}",
+                     message)

@@ -176,6 +176,7 @@ class ResponseStore:
                 if at == rid:
                     raise
                 raise NotFound(f"response '{at}', an earlier turn of the conversation of '{rid}', is no longer "
-                               "stored (the oldest responses are evicted beyond responses_store_mb)") from None
+                               "stored: it was deleted, or evicted (the oldest responses go beyond "
+                               "responses_store_mb)") from None
             at = turns[-1].response.get("previous_response_id")
         return [item for turn in reversed(turns) for item in (*turn.input, *turn.response["output"])]

@@ -153,9 +153,10 @@ class LoadedModel:
     # ---- admission (event loop) ------------------------------------------------------------------
 
     def make_request(self, request_id: str, prompt: list[int], sampling: SamplingParams,
-                     render_special: bool = False, chat: bool = True) -> Request:
+                     render_special: bool = False, chat: bool = True, truncatable: bool = True) -> Request:
         """Check a prompt against the context and wrap it as a request (raises ContextLengthExceeded); chat:
-        the prompt came from messages (which "truncation": "auto" can shorten), else from a raw prompt."""
+        the prompt came from messages, else from a raw prompt; truncatable: the client's protocol can send
+        "truncation": "auto" (which shortens the messages), so the error may advise it."""
         if self.embedding_only:
             serves = "a reranker: it serves /v1/rerank" if self.model.is_reranker else \
                 "an embedding model: it serves /v1/embeddings"
@@ -163,7 +164,7 @@ class LoadedModel:
         n = len(prompt)
         room = self.ctx - n
         if room < 1:
-            advice = "shorten it or send \"truncation\": \"auto\"" if chat else "shorten it"
+            advice = _over_context_advice(chat, truncatable)
             raise ContextLengthExceeded(
                 f"the prompt is {n} tokens but the context of model '{self.id}' is {self.ctx} tokens "
                 f"per stream; {advice}", "messages" if chat else "prompt")
@@ -325,3 +326,12 @@ class LoadedModel:
             self.projector.free()
         self.model.free()
         self.state = "unloaded"
+
+
+def _over_context_advice(chat: bool, truncatable: bool) -> str:
+    """What a client can do about a prompt longer than the context, in the terms of its protocol."""
+    if not chat:
+        return "shorten it or raise the model's ctx"
+    if truncatable:
+        return "shorten the conversation, send \"truncation\": \"auto\" or raise the model's ctx"
+    return "shorten the conversation or raise the model's ctx"

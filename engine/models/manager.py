@@ -42,6 +42,15 @@ def _either(own, default):
     return default if own is None else own
 
 
+def default_name(entries: list[ModelEntry]) -> str | None:
+    """The model a request naming none goes to: the entry marked default (local or remote), else the first local
+    entry, else the first remote one (a roster served only elsewhere is not in setup mode)."""
+    marked = [e.name for e in entries if e.default]
+    if marked:
+        return marked[-1]  # the last, as each entry marked default used to replace the one before
+    return next((e.name for e in entries if not e.remote), entries[0].name if entries else None)
+
+
 def check_shape(entry: ModelEntry) -> None:
     """400s for per-model settings outside the schema's bounds and choices (ctx, streams, chunk, kv_dtype)."""
     for key in ("ctx", "streams", "chunk", "kv_dtype"):
@@ -111,11 +120,10 @@ class ModelManager:
     def load_all(self) -> None:
         """Load the roster entries that load at start (blocking; before the scheduler starts, or from a worker
         thread); the others (preload = false) are loaded by the first request that names them."""
+        self.default_id = default_name(self.config.models)
         for entry in self.config.models:
             if entry.remote:  # served elsewhere (server/remote.py relays it); nothing to load
                 continue
-            if entry.default or self.default_id is None:
-                self.default_id = entry.name
             if entry.preload is False:
                 continue
             t0 = time.monotonic()
@@ -271,8 +279,7 @@ class ModelManager:
         gone = [e for e in self.config.models if e.name == name]
         self.config.models = [e for e in self.config.models if e.name != name]
         if self.default_id == name:
-            self.default_id = next(iter(self.loaded), None) or \
-                next((e.name for e in self.config.models if not e.remote), None)
+            self.default_id = next(iter(self.loaded), None) or default_name(self.config.models)
         await asyncio.to_thread(self.config.save)
         log.info("removed %s from the roster", name)
         return gone

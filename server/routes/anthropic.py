@@ -210,6 +210,14 @@ class MessagesRequest(CountTokensRequest):
     metadata: Metadata | None = None
     stream: bool = False
 
+    @model_validator(mode="after")
+    def _budget_below_max_tokens(self) -> MessagesRequest:
+        # Anthropic's own rule: the thinking budget is part of max_tokens, so it must leave room for the answer
+        if isinstance(self.thinking, ThinkingEnabled) and self.thinking.budget_tokens >= self.max_tokens:
+            raise InvalidRequest(f"thinking.budget_tokens: must be less than max_tokens ({self.max_tokens}), got "
+                                 f"{self.thinking.budget_tokens}", "thinking")
+        return self
+
 
 # ---- the request as a ChatRequest -------------------------------------------------------------------
 
@@ -355,7 +363,7 @@ def chat_request(body: CountTokensRequest) -> ChatRequest:
     else:
         sampling = SamplingParams()
     return ChatRequest(body.model, messages, sampling, template_kwargs=kwargs, tools=tools, tool_choice=choice,
-                       parallel_tool_calls=parallel,
+                       parallel_tool_calls=parallel, truncation=None,  # Messages has no truncation field
                        response_format={"type": "json_schema", "schema": fmt.schema_} if fmt else None)
 
 

@@ -322,6 +322,7 @@ def _lifecycle(request: web.Request):
 @loopback_only
 async def restart(request: web.Request) -> web.Response:
     """Reload config and models in process (running streams drain first); the port stays the same."""
+    await read_json(request, empty_ok=True)  # no body or JSON, as every POST: a page's text/plain is 415
     _lifecycle(request).request_restart()
     return web.json_response({"restarting": True}, status=202)
 
@@ -330,5 +331,6 @@ async def restart(request: web.Request) -> web.Response:
 @loopback_only
 async def shutdown(request: web.Request) -> web.Response:
     """Drain running streams, stop serving and exit."""
+    await read_json(request, empty_ok=True)  # no body or JSON, as every POST: a page's text/plain is 415
     _lifecycle(request).request_shutdown()
     return web.json_response({"shutting_down": True}, status=202)

@@ -144,7 +144,8 @@ class OllamaChatRequest(_Generating):
         kwargs = {"enable_thinking": bool(self.think)} if self.think is not None else {}
         return ChatRequest(model, [m.as_chat(i) for i, m in enumerate(self.messages)], self.sampling(),
                            template_kwargs=kwargs, tools=[t.as_dict() for t in self.tools] if self.tools else None,
-                           response_format=self.output(), keep_alive=self.keep())
+                           response_format=self.output(), keep_alive=self.keep(),
+                           truncation=None)  # Ollama's API has no truncation field
 
 
 class OllamaGenerateRequest(_Generating):
@@ -554,10 +555,9 @@ async def _load_or_unload(request: web.Request, model: str, keep, empty: dict) -
 async def embed(request: web.Request) -> web.Response:
     """{model, input: text or texts} -> {model, embeddings: [[...]], prompt_eval_count}."""
     body = parse(OllamaEmbedRequest, await read_json(request), "ollama.embed")
-    svc = request.app[SERVICE]
     t0 = time.monotonic()
     texts = [body.input] if isinstance(body.input, str) else body.input
-    model_id, vectors, n_tokens = await svc.embed(ollama_models.resolve(svc, body.model), texts, body.keep())
+    model_id, vectors, n_tokens = await remote.embed(request, _model(request, body.model), texts, body.keep())
     return web.json_response({"model": model_id, "embeddings": [[float(x) for x in v] for v in vectors],
                               "total_duration": int((time.monotonic() - t0) * 1e9), "load_duration": 0,
                               "prompt_eval_count": n_tokens})
@@ -568,8 +568,7 @@ async def embed(request: web.Request) -> web.Response:
 async def embeddings(request: web.Request) -> web.Response:
     """The legacy embeddings route: {model, prompt} -> {embedding: [...]}."""
     body = parse(OllamaEmbeddingsRequest, await read_json(request), "ollama.embeddings")
-    svc = request.app[SERVICE]
-    _, vectors, _ = await svc.embed(ollama_models.resolve(svc, body.model), [body.prompt], body.keep())
+    _, vectors, _ = await remote.embed(request, _model(request, body.model), [body.prompt], body.keep())
     return web.json_response({"embedding": [float(x) for x in vectors[0]]})
 
 

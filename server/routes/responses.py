@@ -561,7 +561,7 @@ class Turn:
                 "total_tokens": u["prompt_tokens"] + u["completion_tokens"]}
 
     async def _count(self, text: str) -> int:
-        return len((await self.app[SERVICE].generator.tokenize(self.gen.model, text, False, True))[1]) if text else 0
+        return len(await self.app[SERVICE].generator.tokenize(self.gen.model, text, False, True)) if text else 0
 
     async def finished(self) -> dict[str, Any]:
         """The final Response object, kept in the store when asked to."""

@@ -1,6 +1,10 @@
-"""llama-server's utility routes on the same models: /tokenize, /detokenize, /apply-template, /infill."""
+"""llama-server's utility routes on the same models: /tokenize, /detokenize, /apply-template, /infill, and
+OpenAI's /v1/chat/completions/input_tokens."""
 from __future__ import annotations
 
+import asyncio
+import io
+import json
 from typing import Annotated
 
 from aiohttp import web
@@ -57,19 +61,12 @@ class InfillRequest(schemas.Sampling):
 async def tokenize(request: web.Request) -> web.Response:
     """{content, add_special?, parse_special?, with_pieces?, model?} -> {tokens: [id] or [{id, piece}]}."""
     body = parse(TokenizeRequest, await read_json(request), "tokenize")
-    m, toks = await request.app[SERVICE].generator.tokenize(body.model, body.content, body.add_special,
-                                                            body.parse_special)
-    if not body.with_pieces:
-        return web.json_response({"tokens": toks})
-    out = []
-    for t in toks:
-        b = m.model.piece(t, special=True)
-        try:
-            piece: str | list[int] = b.decode("utf-8")
-        except UnicodeDecodeError:  # part of a multi-byte character: its bytes, as llama-server sends them
-            piece = list(b)
-        out.append({"id": t, "piece": piece})
-    return web.json_response({"tokens": out})
+    toks = await request.app[SERVICE].generator.tokenize(body.model, body.content, body.add_special,
+                                                         body.parse_special, body.with_pieces)
+    # a long text's ids (and pieces) serialize for longer than the loop may stall; sent from a stream, as
+    # aiohttp wants a large body
+    data = await asyncio.to_thread(lambda: json.dumps({"tokens": toks}).encode())
+    return web.Response(body=io.BytesIO(data), content_type="application/json")
 
 
 @documents("POST", "/detokenize", "Token ids as text (llama-server's /detokenize)", DetokenizeRequest)
@@ -87,6 +84,16 @@ async def apply_template(request: web.Request) -> web.Response:
     """A chat completion body -> {prompt}: what the model's chat template makes of it."""
     req, _ = schemas.chat_request(await read_json(request))
     return web.json_response({"prompt": await request.app[SERVICE].generator.apply_template(req)})
+
+
+@documents("POST", "/v1/chat/completions/input_tokens",
+           "The prompt tokens a chat completion body would prefill, not generated", schemas.ChatCompletionRequest)
+@routes.post("/v1/chat/completions/input_tokens")
+async def chat_input_tokens(request: web.Request) -> web.Response:
+    """A chat completion body -> {object, input_tokens}: its prompt (template, tools, output format) counted."""
+    req, _ = schemas.chat_request(await read_json(request))
+    return web.json_response({"object": "chat.completion.input_tokens",
+                              "input_tokens": await request.app[SERVICE].generator.count_tokens(req)})
 
 
 @documents("POST", "/infill", "Fill in the middle between a prefix and a suffix (llama-server's /infill)",

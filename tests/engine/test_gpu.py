@@ -163,3 +163,25 @@ def test_a_gpu_build_answers_as_the_cpu(assets):
     r = subprocess.run([sys.executable, str(ROOT / "installer" / "gpu_check.py"), "--model", str(assets["smollm2"])],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _compute_buffers(records: list[logging.LogRecord]) -> set[str]:
+    """The devices llama.cpp made a context's compute buffers on ("CPU", "Vulkan0", …), from its log."""
+    said = (r.getMessage().split(":", 1)[-1].split() for r in records if "compute buffer size" in r.getMessage())
+    return {words[0] for words in said if words}
+
+
+def test_a_model_with_no_layer_on_the_gpu_has_no_gpu_backend(assets, caplog):
+    llama.init_backend(assets["smollm2"])
+    if not llama.gpu_devices():
+        pytest.skip("no GPU device: this llama-cpp-python is a CPU build")
+    caplog.set_level(logging.INFO, "llamadesk.llama")
+    buffers = {}
+    for layers in (0, "all"):
+        caplog.clear()
+        m = LoadedModel("s", assets["smollm2"], _settings(gpu_layers=layers))
+        m.free()
+        buffers[layers] = _compute_buffers(caplog.records)
+    gpu = {d.name for d in llama.gpu_devices()}
+    assert buffers[0] and not buffers[0] & gpu  # else its prompts' big matmuls would still run there
+    assert buffers["all"] & gpu

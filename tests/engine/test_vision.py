@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -193,8 +194,8 @@ def test_image_mmproj_in_the_roster_and_on_the_command_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def srv(assets, tmp_path_factory):
-    """SmolLM2 with the test projector (also prefilling 16 positions per tick, and with one stream and a host-RAM
-    prompt cache) and without it."""
+    """SmolLM2 with the test projector (also prefilling 16 positions per tick, with five streams, and with one
+    stream and a host-RAM prompt cache) and without it."""
     toml = f"""
 [[models]]
 name = "vision"
@@ -219,6 +220,13 @@ image_mmproj = "{assets['mmproj']}"
 ctx = 1024
 streams = 1
 cache_ram = 64
+
+[[models]]
+name = "vision-busy"
+path = "{assets['smollm2']}"
+image_mmproj = "{assets['mmproj']}"
+ctx = 1024
+streams = 5
 
 [[models]]
 name = "text-only"
@@ -386,6 +394,58 @@ def test_images_are_encoded_on_the_projectors_worker(srv, monkeypatch):
     monkeypatch.setattr(vision.ImageChunk, "encode", spy)
     assert chat(srv, [text_part("A new one:"), image_part(data_url(noise(11)))])[0]
     assert threads and all(t.startswith("llamadesk-vision") for t in threads)  # never the event loop
+
+
+TEXT_STREAMS = 4
+ENCODE_HOLD_S = 10.0  # the longest an encode is held open waiting for the text streams to move
+
+
+def test_four_text_streams_keep_decoding_while_an_image_is_encoded(srv, monkeypatch):
+    """Around the projector's real encode, the model's decode calls and every text stream's tokens advance: the
+    encode runs beside the scheduler thread, not on it (the encode is held open, after it ran, until they
+    advance or ENCODE_HOLD_S passes, so the window is measurable however fast the encode is)."""
+    runner = srv.service.roster.loaded["vision-busy"].runner
+    windows = []
+    encode = vision.ImageChunk.encode
+
+    def progress() -> tuple[int, list[int]]:
+        return runner.stats.decode_calls, [len(g.request.generated) for g in text_gens]
+
+    def moved(entry: tuple[int, list[int]], now: tuple[int, list[int]]) -> bool:
+        return now[0] - entry[0] >= 3 and all(b - a >= 3 for a, b in zip(entry[1], now[1]))
+
+    def measured(chunk):
+        entry = progress()
+        rows = encode(chunk)
+        deadline = time.monotonic() + ENCODE_HOLD_S
+        while time.monotonic() < deadline and not moved(entry, progress()):
+            time.sleep(0.01)
+        windows.append((entry, progress()))
+        return rows
+    monkeypatch.setattr(vision.ImageChunk, "encode", measured)
+    text_gens = []
+
+    async def go():
+        streams = []
+        try:
+            for i in range(TEXT_STREAMS):
+                gen, = await srv.service.chat(request(f"Count to a thousand, list {i}.", "vision-busy", 600,
+                                                      ignore_eos=True))
+                text_gens.append(gen)
+                streams.append(gen.chunks())
+                await streams[-1].__anext__()  # it is decoding
+            image_gen, = await srv.service.chat(request([text_part("And this?"), image_part(data_url(noise(31)))],
+                                                        "vision-busy", 4))
+            await image_gen.text()
+        finally:
+            for gen, stream in zip(text_gens, streams):
+                gen.cancel()
+                await stream.aclose()
+        return image_gen.usage
+    usage = run(srv, go())
+    assert usage["completion_tokens"] > 0 and len(windows) == 1  # one image, encoded once
+    assert moved(*windows[0]), windows  # several decodes, each of the four streams, during the encode
+    assert runner.stats.max_streams_per_decode >= TEXT_STREAMS
 
 
 def test_the_host_ram_prompt_cache_keys_images_by_their_bytes(srv):

@@ -233,7 +233,7 @@ def test_the_generic_format_calls_tools_too(client):
 
 def test_thinking_enabled_gives_a_thinking_block_and_disabled_none(client):
     on = client.messages.create(model="smollm2-think", max_tokens=40, messages=QUESTION, extra_body=GREEDY,
-                                thinking={"type": "enabled", "budget_tokens": 1024})
+                                thinking={"type": "enabled", "budget_tokens": 32})
     assert on.content[0].type == "thinking" and on.content[0].thinking.strip() and on.content[0].signature
     off = client.messages.create(model="smollm2-think", max_tokens=16, messages=QUESTION, extra_body=GREEDY,
                                  thinking={"type": "disabled"})
@@ -242,13 +242,13 @@ def test_thinking_enabled_gives_a_thinking_block_and_disabled_none(client):
                                       thinking={"type": "adaptive"})  # the template's default: it thinks
     assert adaptive.content[0].type == "thinking"
     omitted = client.messages.create(model="smollm2-think", max_tokens=8, messages=QUESTION, extra_body=GREEDY,
-                                     thinking={"type": "enabled", "budget_tokens": 1024, "display": "omitted"})
+                                     thinking={"type": "enabled", "budget_tokens": 4, "display": "omitted"})
     assert omitted.content[0].type == "thinking" and omitted.content[0].thinking == "" and omitted.content[0].signature
 
 
 def test_streamed_thinking_carries_its_signature(client, smol_server):
     body = dict(model="smollm2-think", max_tokens=40, messages=QUESTION,
-                thinking={"type": "enabled", "budget_tokens": 1024})
+                thinking={"type": "enabled", "budget_tokens": 32})
     buffered = client.messages.create(**body, extra_body=GREEDY)
     with client.messages.stream(**body, extra_body=GREEDY) as stream:
         final = stream.get_final_message()
@@ -337,6 +337,16 @@ def test_malformed_bodies_are_400s_naming_the_field(smol_server, body, named):
         status, out = call(smol_server, "POST", path, body)
         assert status == 400 and is_anthropic_error(out), (path, status, out)
         assert out["error"]["type"] == "invalid_request_error" and named in out["error"]["message"], out
+
+
+def test_a_thinking_budget_must_leave_room_under_max_tokens(smol_server, client):
+    body = {**BASE, "model": "smollm2-think", "max_tokens": 8}
+    for budget in (8, 9):  # Anthropic's rule: budget_tokens < max_tokens
+        status, out = call(smol_server, "POST", "/v1/messages",
+                           {**body, "thinking": {"type": "enabled", "budget_tokens": budget}})
+        assert status == 400 and is_anthropic_error(out) and "thinking.budget_tokens" in out["error"]["message"]
+    reply = client.messages.create(**body, thinking={"type": "enabled", "budget_tokens": 7})
+    assert reply.content[0].type == "thinking"
 
 
 @pytest.mark.parametrize("raw", [b'{"model": "smollm2", "max_tokens": 4, "temperature": NaN, "messages": []}',

@@ -103,6 +103,19 @@ def test_completions_over_the_context_name_the_prompt(tiny_server):
     assert status == 400 and out["error"]["param"] == "messages" and "truncation" in out["error"]["message"]
 
 
+def test_over_context_advice_offers_truncation_only_where_the_route_accepts_it(tiny_server):
+    long = [{"role": "user", "content": "word " * 9000}]
+    tiny = tiny_server.client().models.list().data[0].id
+    status, out = call(tiny_server, "POST", "/v1/messages", {"model": tiny, "max_tokens": 4, "messages": long})
+    assert status == 400 and "truncation" not in out["error"]["message"]
+    assert "shorten the conversation" in out["error"]["message"]
+    status, out = call(tiny_server, "POST", "/api/chat", {"model": tiny, "stream": False, "messages": long})
+    assert status == 400 and "truncation" not in out["error"] and "shorten the conversation" in out["error"]
+    status, out = call(tiny_server, "POST", "/v1/responses", {"model": tiny, "max_output_tokens": 4,
+                                                              "input": long})
+    assert status == 400 and "truncation" in out["error"]["message"]
+
+
 def test_a_broken_tool_parameter_schema_names_tools(smol_server):
     bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minLength": 10**9}}}
     status, out = call(smol_server, "POST", "/v1/chat/completions", {
@@ -125,3 +138,28 @@ def test_non_finite_temperature_is_a_400(tiny_server, value):
         urllib.request.urlopen(req, timeout=30)
     assert e.value.code == 400 and json.loads(e.value.read())["error"]["param"] == "temperature"
     e.value.close()
+
+
+UNPARSABLE = {"type": "string", "pattern": "^(a+)+b{2,3000}$"}  # a grammar llama.cpp refuses to parse
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("path, body, named", [
+    ("/v1/chat/completions", {"messages": HI, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": UNPARSABLE}}}, "response_format"),
+    ("/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x",
+                                                          "schema": UNPARSABLE}}}, "text"),
+    ("/v1/messages", {"model": "smollm2", "max_tokens": 2, "messages": HI,
+                      "output_config": {"format": {"type": "json_schema", "schema": UNPARSABLE}}}, "output_config"),
+    ("/api/chat", {"model": "smollm2", "stream": False, "messages": HI, "format": UNPARSABLE}, "format"),
+], ids=["chat", "responses", "messages", "ollama"])
+def test_a_grammar_llama_cpp_refuses_names_the_field_of_the_schema(smol_server, path, body, named):
+    status, out = call(smol_server, "POST", path, body)
+    assert status == 400, out
+    err = out["error"]
+    if isinstance(err, str):  # Ollama's shape
+        assert err.startswith(f"{named}: ") and "grammar" in err
+    elif "param" in err:  # OpenAI's
+        assert err["param"] == named and "grammar" in err["message"]
+    else:  # Anthropic's
+        assert err["message"].startswith(f"{named}: ") and "grammar" in err["message"]

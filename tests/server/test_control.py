@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import re
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -73,6 +75,19 @@ def test_control_errors_are_openai_shaped(tiny_server):
     with pytest.raises(openai.NotFoundError) as e:
         tiny_server.client().models.retrieve("nope")
     assert e.value.body["param"] == "model"
+
+
+@pytest.mark.parametrize("path", ["/restart", "/shutdown"])
+def test_restart_and_shutdown_take_no_body_or_json_only(tiny_server, path):
+    for content_type, data in (("text/plain", b"go"), ("application/x-www-form-urlencoded", b"a=1")):
+        req = urllib.request.Request(tiny_server.url + path, data=data, headers={"Content-Type": content_type})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        with e.value:
+            assert e.value.code == 415 and "application/json" in e.value.read().decode()
+    # without a body or with JSON the route goes on (this embedded server has no host to restart or stop it)
+    assert call(tiny_server, "POST", path)[0] == 503
+    assert call(tiny_server, "POST", path, {})[0] == 503
 
 
 def test_per_model_settings_reload_the_model_and_are_saved(assets, tmp_path):

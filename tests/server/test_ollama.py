@@ -56,9 +56,24 @@ def test_every_option_reaches_the_sampler(client):
                                              "repeat_last_n": 64, "presence_penalty": 1.5,
                                              "frequency_penalty": 1.5}).message.content
     assert penalized != greedy
-    seeded = [client.chat(**base, options={"temperature": 1.2, "top_k": 40, "top_p": 0.9, "min_p": 0.02,
-                                           "seed": 7, "num_predict": 12}).message.content for _ in range(2)]
-    assert seeded[0] == seeded[1]  # the seed fixes a sampled reply
+    short = client.chat(**base, options={"temperature": 0, "num_predict": 8}).message.content
+    hot = {s: client.chat(**base, options={"temperature": 1.5, "seed": s, "num_predict": 8}).message.content
+           for s in (1, 2, 3)}
+    seed = next(s for s, text in hot.items() if text != short)  # sampled at 1.5, the reply leaves the greedy path
+    again = client.chat(**base, options={"temperature": 1.5, "seed": seed, "num_predict": 8}).message.content
+    assert again == hot[seed]  # the seed fixes a sampled reply
+    # each of these leaves only the likeliest token: with that seed, greedy again even at 1.5
+    for narrow in ({"top_k": 1}, {"min_p": 1.0}, {"top_p": 1e-9}):
+        same = client.chat(**base, options={"temperature": 1.5, "seed": seed, "num_predict": 8, **narrow})
+        assert same.message.content == short, narrow
+
+
+def test_num_ctx_in_options_is_accepted_and_ignored(client):
+    # the model's context is its roster ctx (/api/create sets it): a smaller num_ctx does not cut the prompt
+    long = "Spell these words backwards: " + ", ".join(["lantern", "orchard", "pebble", "saffron"] * 3)
+    r = client.chat(model="smollm2", messages=[{"role": "user", "content": long}], stream=False,
+                    options={"num_ctx": 8, "temperature": 0, "num_predict": 2})
+    assert r.done and r.prompt_eval_count > 8  # a prompt not in the prefix cache: all of it is prefilled
 
 
 def test_format_json_and_schema(client):

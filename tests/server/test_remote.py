@@ -32,13 +32,14 @@ KEY_ENV = "LLAMADESK_TEST_REMOTE_KEY"
 UNSET_ENV = "LLAMADESK_TEST_REMOTE_KEY_NEVER_SET"
 HI = [{"role": "user", "content": "Name three colors."}]
 GREEDY = {"max_tokens": 12, "temperature": 0}
+REFUSAL = {"type": "permission_error", "param": "model", "code": "model_not_enabled"}  # the refuse stand-in's
 
 
 class Upstream:
     """A stand-in OpenAI-compatible server on a loopback port, in a thread of its own. The first path segment
-    is its behaviour: ok answers at once, slow after SLOW_FIRST_BYTE_S, broken with a 500, hang never, cut
-    drops the connection after its first event. It records what it was sent, and can go away and come back
-    on its port."""
+    is its behaviour: ok answers at once, slow after SLOW_FIRST_BYTE_S, broken with a 500, refuse with a 403
+    naming the model it was sent (REFUSAL's fields), hang never, cut drops the connection after its first event.
+    It records what it was sent, and can go away and come back on its port."""
 
     def __init__(self) -> None:
         self.seen: list[dict] = []
@@ -107,6 +108,9 @@ class Upstream:
                           "hops": request.headers.get(remote.HOPS_HEADER)})
         if mode == "broken":
             return web.json_response({"error": {"message": "the stand-in broke", "type": "server_error"}}, status=500)
+        if mode == "refuse":
+            return web.json_response({"error": {**REFUSAL, "message": f"The model '{body['model']}' is not enabled "
+                                                "for this key"}}, status=403)
         if mode == "hang":
             await asyncio.sleep(3600)
         if mode == "slow":
@@ -480,6 +484,48 @@ def test_replicas_share_the_load_lose_no_unstarted_request_and_come_back(front, 
     assert all(r["latency_ms"]["p50"] > 0 for r in final["replicas"])
 
 
+# ---- a roster served only elsewhere -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def remote_only(smol_server, standin, tmp_path_factory):
+    """A front server with no model of its own: a stand-in first, and B's SmolLM2 marked default."""
+    toml = _remote("keyless", url=standin.url("ok")) + \
+        _remote("smol-remote", url=smol_server.url + "/v1", remote_model="smollm2", default=True)
+    srv = LiveServer([], toml, tmp_path_factory.mktemp("remote-only"))
+    yield srv
+    srv.stop()
+
+
+def test_a_roster_of_remote_models_only_is_serving_and_routes_no_model_to_its_default(remote_only, smol_server):
+    assert remote_only.get("/health")["status"] == "ok"
+    assert remote_only.get("/v1/stats")["setup"] is False
+    direct = smol_server.client().chat.completions.create(model="smollm2", messages=HI, **GREEDY)
+    via = remote_only.client().chat.completions.create(model="", messages=HI, **GREEDY)
+    assert direct.choices[0].message.content and via.choices[0].message.content == direct.choices[0].message.content
+    status, body = request(remote_only.url + "/v1/chat/completions", "POST", {"messages": HI, **GREEDY})
+    assert status == 200 and body["choices"][0]["message"]["content"] == direct.choices[0].message.content
+    via_responses = remote_only.client().responses.create(model="", input=HI[0]["content"], max_output_tokens=12,
+                                                          temperature=0)
+    assert via_responses.output_text == direct.choices[0].message.content
+    assert via_responses.model == "smol-remote"
+
+
+@pytest.mark.parametrize("roster, default", [
+    ([("far", False), ("farther", False)], "far"),  # no local model, none marked: the first remote entry
+    ([("far", False), ("farther", True)], "farther"),
+    ([("far", False), ("near", False), ("farther", False)], "near"),  # a local model comes before any remote
+    ([("far", True), ("near", False)], "far"),
+])
+def test_the_default_model_is_the_marked_one_else_the_first_local_else_the_first_remote(tmp_path, roster, default):
+    from engine.models.manager import ModelManager
+    toml = "".join(f'[[models]]\nname = "near"\npath = "/m.gguf"\npreload = false\ndefault = {str(d).lower()}\n'
+                   if name == "near" else _remote(name, url="http://gpu-box/v1", default=d) for name, d in roster)
+    manager = ModelManager(_load(tmp_path, toml), run=None, refuse_while_benching=None)
+    manager.load_all()
+    assert manager.default_id == default and not manager.loaded
+
+
 # ---- configuration ----------------------------------------------------------------------------------------
 
 
@@ -505,7 +551,8 @@ def _load(tmp_path: Path, toml: str):
     ({"url": "http://gpu-box/v1", "urls": ["file:///etc/passwd"]}, "an upstream is an http:// or https:// URL"),
     ({"url": "http://gpu-box/v1", "path": "/m.gguf"}, "'path' does not apply to a remote model"),
     ({"url": "http://gpu-box/v1", "ctx": 4096}, "'ctx' does not apply to a remote model"),
-    ({"url": "http://gpu-box/v1", "default": True}, "'default' does not apply to a remote model"),
+    ({"url": "http://gpu-box/v1", "default": 1}, "invalid value for 'default'"),
+    ({"url": "http://gpu-box/v1", "default": "yes"}, "invalid value for 'default'"),
     ({"url": "http://gpu-box/v1", "api_key": "k", "api_key_env": "K"}, "both 'api_key' and 'api_key_env'"),
     ({"url": "http://gpu-box/v1", "api_key_env": ""}, "invalid value for 'api_key_env'"),
     ({"url": "http://gpu-box/v1", "remote_model": 3}, "invalid value for 'remote_model'"),

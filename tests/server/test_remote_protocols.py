@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import LiveServer
 from tests.http import call
 from tests.server import test_remote
-from tests.server.test_remote import STANDIN_TEXT, WORDS, _closed_port, _remote, stream_done, wait_idle
+from tests.server.test_remote import REFUSAL, STANDIN_TEXT, WORDS, _closed_port, _remote, stream_done, wait_idle
 
 GREEDY = {"max_output_tokens": 12, "temperature": 0}
 QUESTION = "Name three colors."
@@ -36,7 +36,9 @@ def front(assets, smol_server, standin, tmp_path_factory):
     toml = "".join([
         _remote("smol-remote", url=b, remote_model="smollm2"),
         _remote("hermes-remote", url=b, remote_model="smollm2-hermes"),
+        _remote("minilm-remote", url=b, remote_model="minilm"),
         _remote("standin", url=standin.url("ok")),
+        _remote("refusing", url=standin.url("refuse"), remote_model="upstream-id"),
         _remote("cut", url=standin.url("cut")),
         _remote("hang", url=standin.url("hang"), timeout=1),
         _remote("refused", url=f"http://127.0.0.1:{_closed_port()}/v1"),
@@ -132,6 +134,20 @@ def test_upstream_failures_answer_in_the_openai_shape_of_responses(front):
     events = list(front.client().responses.create(model="cut", input="hi", stream=True))
     assert events[-1].type == "response.failed" and "mid-stream" in events[-1].response.error.message
     assert [e.delta for e in events if e.type == "response.output_text.delta"] == [WORDS[0]]
+
+
+def test_an_upstream_refusal_keeps_its_param_code_and_type_and_names_the_upstreams_model(front, clients):
+    with pytest.raises(openai.APIStatusError) as e:
+        front.client().responses.create(model="refusing", input="hi")
+    assert {k: e.value.body[k] for k in REFUSAL} == REFUSAL
+    assert "upstream model 'upstream-id' is not enabled" in e.value.body["message"]
+    assert "The model 'upstream-id'" not in e.value.body["message"]
+    via_client, _ = clients["anthropic"]
+    with pytest.raises(anthropic.APIStatusError) as e:
+        via_client.messages.create(model="refusing", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "authentication_error"
+    assert "remote model 'refusing'" in e.value.body["error"]["message"]
+    assert "upstream model 'upstream-id' is not enabled" in e.value.body["error"]["message"]
 
 
 # ---- Messages --------------------------------------------------------------------------------------------
@@ -233,6 +249,21 @@ def test_ollama_lists_and_shows_remote_models(front, smol_server, clients):
     assert {"smol-remote", "hermes-remote"} <= running and "refused" not in running  # refused is not healthy
     status, shown = call(front, "POST", "/api/show", {"model": "smol-remote"})
     assert status == 200 and shown["remote_model"] == "smollm2" and shown["capabilities"] == ["completion"]
+
+
+def test_ollama_embed_and_embeddings_of_a_remote_model_are_the_upstreams_vectors(front, smol_server, clients):
+    via_client, _ = clients["ollama"]
+    texts = ["hello world", "remote backends in the roster"]
+    direct = smol_server.client().embeddings.create(model="minilm", input=texts)
+    vectors = [d.embedding for d in direct.data]
+    embedded = via_client.embed(model="minilm-remote", input=texts)
+    assert embedded.embeddings == vectors and len(vectors[0]) == 384
+    assert embedded.model == "minilm-remote" and embedded.prompt_eval_count == direct.usage.prompt_tokens
+    alone = smol_server.client().embeddings.create(model="minilm", input=texts[1]).data[0].embedding  # unbatched
+    assert via_client.embed(model="minilm-remote:latest", input=texts[1]).embeddings == [alone]
+    assert list(via_client.embeddings(model="minilm-remote", prompt=texts[1]).embedding) == alone
+    status, out = call(front, "POST", "/api/embed", {"model": "refused", "input": "hi"})
+    assert status == 502 and list(out) == ["error"] and "remote model 'refused'" in out["error"]
 
 
 def test_upstream_down_is_a_502_in_ollamas_shape(front, clients):

@@ -302,6 +302,15 @@ def test_get_delete_and_input_items(client, smol_server):
         assert status == 404 and body["error"]["code"] == "not_found" and r.id in body["error"]["message"]
 
 
+def test_continuing_past_a_deleted_turn_says_it_may_have_been_deleted(client, smol_server):
+    first = create(client, input="Hi", max_output_tokens=2)
+    second = create(client, input="And?", max_output_tokens=2, previous_response_id=first.id)
+    assert call(smol_server, "DELETE", f"/v1/responses/{first.id}")[0] == 200
+    with pytest.raises(openai.NotFoundError) as e:
+        create(client, input="More?", max_output_tokens=2, previous_response_id=second.id)
+    assert e.value.param == "previous_response_id" and first.id in e.value.message and "deleted" in e.value.message
+
+
 def test_unknown_and_unstored_ids_are_404(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.responses.retrieve("resp_nope")
@@ -430,7 +439,8 @@ def test_truncation_auto_drops_the_oldest_turns(tiny):
 
 
 def test_a_stream_whose_model_goes_ends_with_response_failed(tiny):
-    stream = tiny.client().responses.create(model="tiny-spare", input="hi", max_output_tokens=3000, stream=True)
+    stream = tiny.client().responses.create(model="tiny-spare", input="Tell me a long story", max_output_tokens=3000,
+                                            temperature=0, stream=True)  # greedy: long; a sampled reply can end first
     events = []
     for e in stream:
         events.append(e)

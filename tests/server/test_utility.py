@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
+import urllib.request
 
 import pytest
 
@@ -23,6 +26,29 @@ def test_tokenize_and_detokenize_round_trip(smol_server):
     assert joined.decode() == text  # the emoji's bytes come as byte lists where a piece splits it
 
 
+def test_a_long_tokenize_with_pieces_leaves_the_server_answering(smol_server):
+    text = "hello world, déjà vu " * 50_000  # about 1 MB: a few seconds of pieces and JSON on this CPU
+    body = json.dumps({"content": text, "with_pieces": True}).encode()
+    done = threading.Event()
+
+    def tokenize() -> None:  # the raw reply only: parsing it here would hold the test process's GIL
+        req = urllib.request.Request(smol_server.url + "/tokenize", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            assert r.status == 200 and len(r.read()) > len(body)
+        done.set()
+    worker = threading.Thread(target=tokenize)
+    worker.start()
+    waits = []
+    while not done.is_set():
+        start = time.monotonic()
+        assert call(smol_server, "GET", "/health")[0] == 200
+        waits.append(time.monotonic() - start)
+        time.sleep(0.05)
+    worker.join()
+    assert len(waits) > 5 and max(waits) < 0.3, waits
+
+
 def test_special_tokens_parse_or_not(smol_server):
     special = call(smol_server, "POST", "/tokenize", {"content": "<|im_start|>"})[1]["tokens"]
     literal = call(smol_server, "POST", "/tokenize", {"content": "<|im_start|>", "parse_special": False})[1]["tokens"]
@@ -39,6 +65,28 @@ def test_apply_template_is_the_prompt_chat_completions_prefill(smol_server):
     toks = call(smol_server, "POST", "/tokenize", {"content": prompt})[1]["tokens"]
     reply = smol_server.client().chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=1)
     assert reply.usage.prompt_tokens == len(toks)
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                       "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("extra", [{}, {"tools": [TOOL]}, {"response_format": {"type": "json_object"}}],
+                         ids=["plain", "tools", "response_format"])
+def test_chat_input_tokens_are_the_prompt_tokens_chat_completions_count(smol_server, extra):
+    client = smol_server.client()
+    body = {"model": "smollm2-hermes", "messages": MESSAGES, **extra}
+    out = client.post("/chat/completions/input_tokens", body=body, cast_to=object)
+    reply = client.chat.completions.create(**body, max_tokens=1)
+    assert out == {"object": "chat.completion.input_tokens", "input_tokens": reply.usage.prompt_tokens}
+
+
+def test_chat_input_tokens_validate_the_body_as_chat_completions_do(smol_server):
+    status, out = call(smol_server, "POST", "/v1/chat/completions/input_tokens", {"messages": MESSAGES, "n": "x"})
+    assert status == 400 and out["error"]["param"] == "n"
+    status, out = call(smol_server, "POST", "/v1/chat/completions/input_tokens", {"messages": []})
+    assert status == 400 and out["error"]["param"] == "messages"
 
 
 def test_utility_errors_name_the_field(smol_server):

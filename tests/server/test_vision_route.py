@@ -29,10 +29,10 @@ streams = 1
     s.stop()
 
 
-def ask(srv: LiveServer, content, model: str | None = None, **kw):
+def ask(srv: LiveServer, content, model: str | None = None, max_tokens: int = 8, **kw):
     return srv.client().chat.completions.create(model=model or srv.service.roster.default_id,
                                                 messages=[{"role": "user", "content": content}],
-                                                max_tokens=8, temperature=0, **kw)
+                                                max_tokens=max_tokens, temperature=0, **kw)
 
 
 def test_chat_completions_take_image_data_uris(vsrv):
@@ -69,3 +69,13 @@ def test_an_image_to_a_model_without_vision_is_a_400(vsrv):
     with pytest.raises(openai.BadRequestError) as e:
         ask(vsrv, [text_part("Look."), image_part(data_url(gradient()))], model="text-only")
     assert "has no vision" in e.value.message
+
+
+def test_images_decide_the_greedy_answer(vsrv):
+    question = text_part("Describe the image in one sentence.")
+
+    def answer(url: str) -> str:
+        return ask(vsrv, [question, image_part(url)], max_tokens=12).choices[0].message.content
+    first, other, again = answer(data_url(gradient())), answer(data_url(noise(5))), answer(data_url(gradient()))
+    assert first != other
+    assert again == first
