@@ -38,6 +38,7 @@ def test_a_long_tokenize_with_pieces_leaves_the_server_answering(smol_server):
             assert r.status == 200 and len(r.read()) > len(body)
         done.set()
     worker = threading.Thread(target=tokenize)
+    began = time.monotonic()
     worker.start()
     waits = []
     while not done.is_set():
@@ -46,7 +47,10 @@ def test_a_long_tokenize_with_pieces_leaves_the_server_answering(smol_server):
         waits.append(time.monotonic() - start)
         time.sleep(0.05)
     worker.join()
-    assert len(waits) > 5 and max(waits) < 0.3, waits
+    took = time.monotonic() - began
+    # on the loop, the work is one stall as long as the request; off it, /health waits at most for a slice of it
+    # (the JSON encoder holds the GIL of this process, which also runs the server, while it writes)
+    assert len(waits) > 5 and max(waits) < took / 3, (took, waits)
 
 
 def test_special_tokens_parse_or_not(smol_server):
