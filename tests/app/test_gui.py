@@ -18,6 +18,7 @@ from app.gui.main import Desktop  # noqa: E402
 from app.gui.single import InstanceGuard  # noqa: E402
 from app.gui.window import PANELS  # noqa: E402
 from engine.config import load  # noqa: E402
+from tests.app.qtasync import next_signal  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -39,18 +40,6 @@ def gui(qapp, loop, assets, tmp_path_factory):
     yield desktop
     if desktop.host.service is not None:
         run(desktop.quit())
-
-
-def next_signal(signal, pred=lambda *a: True) -> asyncio.Future:
-    """A future resolved with the arguments of the next emission of signal matching pred."""
-    fut = asyncio.get_event_loop().create_future()
-
-    def on(*args):
-        if pred(*args) and not fut.done():
-            fut.set_result(args)
-    signal.connect(on)
-    fut.add_done_callback(lambda _: signal.disconnect(on))
-    return fut
 
 
 def http_get(url: str) -> dict:

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import QAbstractButton, QLineEdit, QMessageBox  # noqa: E
 from app.gui.main import Desktop  # noqa: E402
 from app.gui.threads import ThreadStore, default_path  # noqa: E402
 from engine.config import load  # noqa: E402
+from tests.app.qtasync import next_signal  # noqa: E402
 
 LONG_LINE = "result = compute(" + ", ".join(f"argument_{i}" for i in range(60)) + ")"
 REPLY_WITH_CODE = f"""Here is the script:
@@ -84,18 +85,6 @@ def chat(env):
     panel.temperature.setValue(0)
     panel.max_tokens.setValue(12)
     return panel
-
-
-def next_signal(signal, pred=lambda *a: True) -> asyncio.Future:
-    """A future resolved with the arguments of the next emission of signal matching pred."""
-    fut = asyncio.get_event_loop().create_future()
-
-    def on(*args):
-        if pred(*args) and not fut.done():
-            fut.set_result(args)
-    signal.connect(on)
-    fut.add_done_callback(lambda _: signal.disconnect(on))
-    return fut
 
 
 def ask(env, panel, text: str | None = None, start=None) -> dict:

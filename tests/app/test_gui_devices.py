@@ -14,7 +14,7 @@ from app.gui.main import Desktop  # noqa: E402
 from app.gui.panels.models import ModelCard, runs_on  # noqa: E402
 from engine.config import load  # noqa: E402
 from engine.models import gguf  # noqa: E402
-from tests.app.test_gui_remote import run, until  # noqa: E402
+from tests.app.qtasync import run, until  # noqa: E402
 from tests.server import test_rpc  # noqa: E402
 
 rpc_binary = test_rpc.rpc_binary  # the fixture: llama.cpp's rpc-server, built once into the cache

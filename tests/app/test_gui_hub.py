@@ -11,6 +11,7 @@ pytest.importorskip("PySide6")  # a dependency: always installed by `make test`
 
 from app.gui.main import Desktop  # noqa: E402
 from engine.config import load  # noqa: E402
+from tests.app.qtasync import next_signal  # noqa: E402
 from tests.hubstandin import HubStandIn, Repo  # noqa: E402
 
 PB = 2 ** 50
@@ -49,17 +50,6 @@ def desktop(qapp, loop, assets, hub, tmp_path_factory):
     yield d
     run(d.quit())
     env.undo()
-
-
-def next_signal(signal) -> asyncio.Future:
-    fut = asyncio.get_event_loop().create_future()
-
-    def on(*args):
-        if not fut.done():
-            fut.set_result(args)
-    signal.connect(on)
-    fut.add_done_callback(lambda _: signal.disconnect(on))
-    return fut
 
 
 def cells(table, row: int) -> list[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 
 import pytest
 
@@ -20,6 +19,7 @@ from PySide6.QtWidgets import QDialog, QLineEdit  # noqa: E402
 from app.gui.main import Desktop  # noqa: E402
 from app.gui.panels.models import NAME, UPSTREAM  # noqa: E402
 from engine.config import load  # noqa: E402
+from tests.app.qtasync import run, until  # noqa: E402
 from tests.conftest import LiveServer  # noqa: E402
 
 KEY = "b-server-key-0123456789"
@@ -53,17 +53,6 @@ def desktop(loop, assets, tmp_path_factory):
     run(loop, d.start())
     yield d
     run(loop, d.quit())
-
-
-def run(loop, coro, timeout: float = 60):
-    return loop.run_until_complete(asyncio.wait_for(coro, timeout))
-
-
-async def until(pred, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 def click_and_wait(loop, button, pred, timeout: float = 30.0) -> None:

@@ -32,6 +32,7 @@ from app.qtprobe import debian_package  # noqa: E402
 from engine import llama  # noqa: E402
 from engine.config import load  # noqa: E402
 from engine.system import VERSION  # noqa: E402
+from tests.app.qtasync import next_signal, run, until  # noqa: E402
 
 Role = QPalette.ColorRole
 
@@ -46,10 +47,6 @@ def make_desktop(folder: Path, assets, *flags: str) -> Desktop:
                          str(folder / "models"), "--cache-disk", "0", *flags]))
 
 
-def run(loop, coro, timeout: float = 60):
-    return loop.run_until_complete(asyncio.wait_for(coro, timeout))
-
-
 @pytest.fixture(scope="module")
 def gui(loop, assets, tmp_path_factory):
     """A started Desktop shared by the tests that leave it serving."""
@@ -58,25 +55,6 @@ def gui(loop, assets, tmp_path_factory):
     yield desktop
     if desktop.host.service is not None:
         run(loop, desktop.quit())
-
-
-def next_signal(signal, pred=lambda *a: True) -> asyncio.Future:
-    """A future resolved with the arguments of the next emission of signal matching pred."""
-    fut = asyncio.get_event_loop().create_future()
-
-    def on(*args):
-        if pred(*args) and not fut.done():
-            fut.set_result(args)
-    signal.connect(on)
-    fut.add_done_callback(lambda _: signal.disconnect(on))
-    return fut
-
-
-async def until(pred, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 def http(url: str, method: str = "GET", body: dict | None = None, key: str | None = None) -> tuple[int, dict]:
