@@ -20,10 +20,17 @@ if [ ! -d "$OUT/src" ]; then
   mv "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp" "$OUT/src"
   rm -rf "$tmp"
 fi
+# a machine with only Python and a compiler has no cmake on PATH: PyPI's, in the python's own environment (as
+# the wheel's build gets it through its build isolation)
+CMAKE=$(command -v cmake || true)
+if [ -z "$CMAKE" ]; then
+  "$PY" -m pip install -q "cmake>=3.21" >&2
+  CMAKE="$(dirname "$PY")/cmake"
+fi
 FLAGS=""
 [ "$(uname -m)" = x86_64 ] && FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-cmake -S "$OUT/src" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_RPC=ON -DLLAMA_CURL=OFF \
+"$CMAKE" -S "$OUT/src" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_RPC=ON -DLLAMA_CURL=OFF \
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
   -DLLAMA_USE_PREBUILT_UI=OFF -DCMAKE_C_FLAGS="$FLAGS" -DCMAKE_CXX_FLAGS="$FLAGS" >&2
-cmake --build "$OUT/build" --config Release --target "$TARGET" -j"$(nproc)" >&2
+"$CMAKE" --build "$OUT/build" --config Release --target "$TARGET" -j"$(nproc)" >&2
 echo "$BIN"
