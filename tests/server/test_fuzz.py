@@ -895,7 +895,7 @@ def test_found_defects(server, path, raw):
 JSON_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/audio/speech", "/v1/models/load",
                "/v1/models/unload", "/v1/models/reload", "/v1/models/activate", "/config", "/catalog/download",
                "/catalog/cancel", "/catalog/serve", "/catalog/import", "/bench", "/tokenize", "/detokenize",
-               "/apply-template", "/infill"]
+               "/apply-template", "/infill", "/v1/chat/completions/input_tokens"]
 WRONG_TYPES = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None,
                "application/jsonx", "text/json"]
 

@@ -200,6 +200,10 @@ def test_an_undecodable_authorization_header_is_a_401(keyed):
 @pytest.mark.parametrize("path, body", [
     ("/api/chat", {"model": "tiny-random-llama", "messages": [{"role": "user", "content": "hi"}]}),
     ("/api/generate", {"model": "tiny-random-llama", "prompt": "hi"}),
+    ("/api/pull", {"model": "hf.co/owner/repo:Q4_K_M"}), ("/api/copy", {"source": "tiny-random-llama",
+                                                                         "destination": "copied"}),
+    ("/api/create", {"model": "made", "from": "tiny-random-llama"}),
+    ("/v1/chat/completions/input_tokens", {"messages": [{"role": "user", "content": "hi"}]}),
     ("/tokenize", {"content": "hi"}), ("/infill", {"input_prefix": "a"})])
 def test_the_other_protocols_refuse_foreign_pages_and_hosts_in_their_own_shape(server, path, body):
     status, out, _ = raw(server, "POST", path, body, EVIL)
