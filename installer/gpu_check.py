@@ -16,7 +16,9 @@ answers agree, twice:
 On a CI GPU runner or a desktop alike; on lavapipe (Mesa's software Vulkan device) only with
 GGML_VK_VISIBLE_DEVICES=0, since ggml-vulkan passes over a Vulkan device of type CPU unless it is named.
 
-Usage: python installer/gpu_check.py [--model GGUF] [--max-tokens N] [--tie NATS]
+Runs llamadesk from this checkout (with the python running this script), or a built bundle's executable (--exe).
+
+Usage: python installer/gpu_check.py [--model GGUF] [--exe PATH/TO/llamadesk] [--max-tokens N] [--tie NATS]
 Exit status: 0 passed, 1 failed, 2 no GPU device (a CPU-only build, or no driver: nothing to check).
 """
 from __future__ import annotations
@@ -72,8 +74,9 @@ def dequantized(model: Path, out: Path) -> Path:
     return out
 
 
-def start(models: dict[str, Path], tmp: Path) -> tuple[subprocess.Popen, str]:
-    """A headless llamadesk serving each model as `<name>-gpu` and `<name>-cpu`, once it answers /v1/models."""
+def start(models: dict[str, Path], tmp: Path, exe: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """A headless llamadesk (this checkout's, or the executable exe) serving each model as `<name>-gpu` and
+    `<name>-cpu`, once it answers /v1/models."""
     config = tmp / "llamadesk.toml"
     config.write_text("".join(
         f'[[models]]\nname = "{name}-gpu"\npath = "{path}"\nctx = 1024\nstreams = 1\n\n'
@@ -81,7 +84,8 @@ def start(models: dict[str, Path], tmp: Path) -> tuple[subprocess.Popen, str]:
         for name, path in models.items()))
     port = _free_port()
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache"), "XDG_DATA_HOME": str(tmp / "data")}
-    proc = subprocess.Popen([sys.executable, "-m", "app", "--no-gui", "--config", str(config), "--port", str(port),
+    command = [str(exe)] if exe else [sys.executable, "-m", "app"]
+    proc = subprocess.Popen([*command, "--no-gui", "--config", str(config), "--port", str(port),
                              "--gpu", "auto", "--cache-disk", "0", "--access-log", "off"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "wb"))
     base = f"http://127.0.0.1:{port}"
@@ -173,6 +177,7 @@ def check(base: str, names: dict[str, float | None], max_tokens: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=MODEL, help=f"the GGUF to serve (default: {MODEL})")
+    ap.add_argument("--exe", type=Path, help="a built llamadesk executable to check (default: this checkout)")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--tie", type=float, default=0.25,
                     help="as quantized: how close (nats) the CPU's two likeliest tokens must be where the answers "
@@ -181,7 +186,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="llamadesk-gpu-check-") as d:
         tmp = Path(d)
         model = args.model.resolve()
-        proc, base = start({"exact": dequantized(model, tmp / "f32.gguf"), "quantized": model}, tmp)
+        proc, base = start({"exact": dequantized(model, tmp / "f32.gguf"), "quantized": model}, tmp,
+                           args.exe and args.exe.resolve())
         try:
             report = check(base, {"exact": None, "quantized": args.tie}, args.max_tokens)
         finally:

@@ -5,10 +5,11 @@ Without --models it runs in setup mode: /health says so, /catalog lists entries,
 (a folder holding the starter set's files, which the test assets share: SmolLM2 Q4_1, MiniLM, whisper tiny.en and
 the Piper voice joe) it serves them and checks a greedy chat answer, embeddings, speech synthesis and the
 transcription of that speech, and prints /v1/stats' hardware line, which must name the CPU variant in use when
-the bundle carries CPU variants.
+the bundle carries CPU variants, and where the chat model runs (/v1/models' devices and layers offloaded), which
+--expect-device NAME requires to be a device whose name starts with NAME (Vulkan, CUDA, Metal).
 Standard library only: it runs beside a bundle, with whatever python the build machine has.
 
-Usage: installer/smoke_test.py PATH/TO/llamadesk [--models DIR] [-- MORE LLAMADESK FLAGS]
+Usage: installer/smoke_test.py PATH/TO/llamadesk [--models DIR] [--expect-device NAME] [-- MORE LLAMADESK FLAGS]
 """
 from __future__ import annotations
 
@@ -189,6 +190,17 @@ def check_hardware(base: str, exe: Path) -> str:
     return line
 
 
+def check_placement(base: str, expect: str | None) -> str:
+    """Where the chat model runs, as /v1/models says; with expect, every layer must be on a device named so."""
+    card = get_json(f"{base}/v1/models/smollm2")
+    devices, layers = card.get("devices", []), card.get("gpu_layers", {})
+    where = f"{', '.join(devices)} ({layers.get('offloaded')}/{layers.get('total')} layers offloaded)"
+    if expect and not (devices and all(d.startswith(expect) for d in devices)
+                       and layers.get("offloaded") == layers.get("total")):
+        raise SmokeFailure(f"the chat model runs on {where}, not all on a {expect} device")
+    return where
+
+
 def stop(proc: subprocess.Popen) -> None:
     """SIGTERM is a clean shutdown that exits 0 on POSIX; Windows has no such signal, only termination."""
     if sys.platform == "win32":
@@ -205,7 +217,7 @@ def stop(proc: subprocess.Popen) -> None:
         raise SmokeFailure(f"llamadesk exited with {code} after SIGTERM")
 
 
-def run(exe: Path, models: Path | None, extra: list[str], work: Path) -> None:
+def run(exe: Path, models: Path | None, extra: list[str], work: Path, expect_device: str | None = None) -> None:
     """Start exe, check it, stop it; raises SmokeFailure."""
     config = work / "llamadesk.toml"
     config.write_text(roster(models) if models else "")
@@ -219,6 +231,7 @@ def run(exe: Path, models: Path | None, extra: list[str], work: Path) -> None:
         print(f"  ready in {ready_s:.1f} s")
         if models:
             check_served(base)
+            print(f"  chat model on: {check_placement(base, expect_device)}")
         else:
             check_setup_mode(base)
         print(f"  hardware: {check_hardware(base, exe)}")
@@ -235,13 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="flags after -- go to llamadesk")
     parser.add_argument("exe", type=Path, help="the built llamadesk executable")
     parser.add_argument("--models", type=Path, help="a folder with the starter set's files (SmolLM2, MiniLM, ...)")
+    parser.add_argument("--expect-device", metavar="NAME",
+                        help="fail unless the chat model runs wholly on a device whose name starts with NAME")
     argv = sys.argv[1:] if argv is None else argv
     ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser.parse_args(ours)
     print(f"smoke test of {args.exe}" + (f" serving {args.models}" if args.models else " in setup mode"))
     with tempfile.TemporaryDirectory(prefix="llamadesk-smoke-") as tmp:
         try:
-            run(args.exe.resolve(), args.models and args.models.resolve(), extra, Path(tmp))
+            if args.expect_device and not args.models:
+                raise SmokeFailure("--expect-device needs --models: setup mode serves no model")
+            run(args.exe.resolve(), args.models and args.models.resolve(), extra, Path(tmp), args.expect_device)
         except (SmokeFailure, OSError, KeyError, ValueError, subprocess.SubprocessError) as e:
             print(f"smoke test FAILED: {e}\n--- llamadesk log ---", file=sys.stderr)
             log = Path(tmp) / "llamadesk.log"
