@@ -159,6 +159,8 @@ class Service:
             info = {"id": name, "object": "model", "created": int(self.started_wall), "owned_by": "llamadesk",
                     "default": name == r.default_id, "state": "loading" if name in r.loading else "unloaded",
                     "path": entry.path}
+            if entry.image_mmproj:  # it loads with its projector: its chat takes images before the first load
+                info["vision"] = True
             if name in r.progress:
                 info["progress"] = round(r.progress[name], 3)
             try:

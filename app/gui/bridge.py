@@ -612,6 +612,33 @@ class Bridge(QObject):
             return e.message
         return None
 
+    def rostered(self, name: str) -> bool:
+        """Whether name is an entry of the roster ([[models]], local or remote): what Remove takes away. A GGUF
+        found in models_dir or a downloaded catalog entry is listed without being one."""
+        svc = self.host.service
+        return svc is not None and any(e.name == name for e in svc.config.models)
+
+    def forget(self, name: str) -> asyncio.Task:
+        """Take name out of the roster and save it (unloaded first when loaded; its file stays on disk); a
+        remote entry stops being relayed at once. models_changed follows, or the engine's refusal (the
+        benchmark is using it) as a notice."""
+        async def go() -> None:
+            svc = self.host.service
+            remote = any(e.remote and e.name == name for e in svc.config.models)
+            try:
+                await svc.roster.forget(name)
+            except EngineError as e:
+                self.notice.emit(f"{name} not removed: {e.message}")
+                return
+            server = self.host.server
+            if remote and server is not None and server.runner is not None:  # serving: the relay drops it now
+                from server import remote as relay
+                await relay.refresh(server.runner.app)
+            self.on_tick()
+            self.models_changed.emit()
+            self.notice.emit(f"removed {name} from the roster")
+        return self.spawn(go())
+
     async def shutdown(self) -> None:
         """Drain streams (5 s at most), stop the server, free the models."""
         self._timer.stop()

@@ -45,14 +45,15 @@ def _model_cards(request: web.Request) -> list[dict[str, Any]]:
 
 def _capabilities(m: LoadedModel | None, card: dict[str, Any]) -> list[str]:
     """What the model is known to do (Ollama's capability names): for a loaded model from its GGUF and chat
-    template; for one not loaded, only its kind."""
+    template; for one not loaded, its kind, and vision when its roster entry names a projector."""
     kind = card.get("kind")
     if kind == "asr":
         return ["transcription"] + (["translation"] if card.get("can_translate") else [])
     if kind == "tts":
         return ["speech"]
     if m is None:
-        return {"llm": ["completion"], "embedding": ["embedding"]}.get(kind, [])
+        return {"llm": ["completion", *(["vision"] if card.get("vision") else [])],
+                "embedding": ["embedding"]}.get(kind, [])
     if m.model.is_reranker:
         return ["rerank"]
     if m.embedding_only:

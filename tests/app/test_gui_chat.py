@@ -5,22 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("PySide6")  # a dependency: always installed by `make test`
 
-import qasync  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtGui import QGuiApplication, QImage  # noqa: E402
 from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QAbstractButton, QLineEdit, QMessageBox  # noqa: E402
 
-from app.gui.main import Desktop  # noqa: E402
 from app.gui.threads import ThreadStore, default_path  # noqa: E402
-from engine.config import load  # noqa: E402
-from tests.app.qtasync import next_signal  # noqa: E402
+from tests.app.qtasync import desktops, next_signal  # noqa: E402
 
 LONG_LINE = "result = compute(" + ", ".join(f"argument_{i}" for i in range(60)) + ")"
 REPLY_WITH_CODE = f"""Here is the script:
@@ -43,38 +39,10 @@ That is all."""
 
 
 @pytest.fixture(scope="module")
-def env(qapp, assets, tmp_path_factory):
-    """A qasync loop, and a starter of desktop apps serving SmolLM2 over one data dir (a restart is a quit and
-    another start)."""
-    tmp = tmp_path_factory.mktemp("gui-chat")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("XDG_DATA_HOME", str(tmp / "data"))  # this module's own chats.sqlite3
-    cfg_path = tmp / "llamadesk.toml"
-    cfg_path.write_text("")
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    started: list[Desktop] = []
-
-    def run(coro, timeout: float = 120):
-        return loop.run_until_complete(asyncio.wait_for(coro, timeout))
-
-    def start() -> Desktop:
-        config = load(["--config", str(cfg_path), "--port", "0", "--model", str(assets["smollm2"]),
-                       "--models-dir", str(tmp / "models")])
-        desktop = Desktop(config)
-        run(desktop.start())
-        started.append(desktop)
-        desktop.window.resize(900, 600)
-        desktop.window.show_panel("Chat")
-        return desktop
-
-    yield SimpleNamespace(run=run, start=start, first=start())
-    for desktop in started:
-        if desktop.host.service is not None:
-            run(desktop.quit())
-    loop.close()
-    asyncio.set_event_loop(None)
-    patch.undo()
+def env(loop, assets, tmp_path_factory):
+    """A starter of desktop apps serving SmolLM2 over one data dir (a restart is a quit and another start)."""
+    with desktops(loop, tmp_path_factory.mktemp("gui-chat"), "", ["--model", str(assets["smollm2"])], "Chat") as env:
+        yield env
 
 
 @pytest.fixture

@@ -144,3 +144,30 @@ def test_a_remote_server_is_listed_picked_added_and_answers_through_the_desktop(
         b.close()
     assert via_a.choices[0].message.content == direct.choices[0].message.content != ""
     assert {m.id: m.owned_by for m in listed.data}["b-tiny"] == "remote"
+
+
+def test_removing_the_remote_entry_drops_it_from_the_listing_and_the_saved_roster(loop, desktop, upstream):
+    """(After the test above added b-tiny.) Remove… on its card, confirmed: no longer listed or relayed here, not
+    in the saved roster; B itself is untouched."""
+    panel = desktop.window.panels["Models"]
+    card = next(c for c in panel.remote_cards() if c.name == "b-tiny")
+
+    async def remove() -> str:
+        card.remove_button.click()
+        box = panel.remove_dialog
+        said = box.informativeText().replace("\u200b", "")
+        box.button(box.StandardButton.Yes).click()
+        await until(lambda: all(c.name != "b-tiny" for c in panel.remote_cards()))
+        return said
+    said = run(loop, remove())
+    assert upstream.url in said and "tiny-random-llama" in said and "Nothing changes" in said
+    assert all(m["name"] != "b-tiny" for m in tomllib.loads(desktop.host.config.path.read_text())["models"])
+    a = openai.OpenAI(base_url=desktop.host.url + "/v1", api_key="-", max_retries=0, timeout=60)
+    try:
+        listed = run(loop, asyncio.to_thread(a.models.list))
+        with pytest.raises(openai.NotFoundError):
+            run(loop, asyncio.to_thread(a.chat.completions.create, model="b-tiny", messages=HI, **GREEDY))
+    finally:
+        a.close()
+    assert "b-tiny" not in {m.id for m in listed.data}
+    assert "tiny-random-llama" in {m.id for m in upstream.client().with_options(api_key=KEY).models.list().data}

@@ -5,59 +5,35 @@ thread with an image reloading after a restart."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("PySide6")  # a dependency: always installed by `make test`
 
-import qasync  # noqa: E402
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl  # noqa: E402
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QImage  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 from app.gui.chatview import image_of  # noqa: E402
-from app.gui.main import Desktop  # noqa: E402
 from app.gui.panels.chat import NO_VISION  # noqa: E402
-from engine.config import load  # noqa: E402
+from tests.app.qtasync import desktops  # noqa: E402
 from tests.assets import mmproj_gguf  # noqa: E402
 from tests.engine.test_vision import gradient, noise  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def env(qapp, assets, tmp_path_factory):
-    """A qasync loop and a starter of desktop apps serving SmolLM2 with its projector (the default) and without
-    it ("text-only") over one data dir (a restart is a quit and another start)."""
-    tmp = tmp_path_factory.mktemp("gui-vision")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("XDG_DATA_HOME", str(tmp / "data"))  # this module's own chats.sqlite3
-    cfg_path = tmp / "llamadesk.toml"
-    cfg_path.write_text(f'[[models]]\nname = "text-only"\npath = "{assets["smollm2"]}"\nctx = 1024\nstreams = 1\n')
-    loop = qasync.QEventLoop(qapp)
-    asyncio.set_event_loop(loop)
-    started: list[Desktop] = []
-
-    def run(coro, timeout: float = 120):
-        return loop.run_until_complete(asyncio.wait_for(coro, timeout))
-
-    def start() -> Desktop:
-        config = load(["--config", str(cfg_path), "--port", "0", "--model", str(assets["smollm2"]),
-                       "--image-mmproj", str(assets["mmproj"]), "--ctx", "1024", "--streams", "1",
-                       "--threads", "1", "--models-dir", str(tmp / "models")])
-        desktop = Desktop(config)
-        run(desktop.start())
-        started.append(desktop)
-        desktop.window.resize(900, 600)
-        desktop.window.show_panel("Chat")
-        return desktop
-
-    yield SimpleNamespace(run=run, start=start, first=start(), tmp=tmp)
-    for desktop in started:
-        if desktop.host.service is not None:
-            run(desktop.quit())
-    loop.close()
-    asyncio.set_event_loop(None)
-    patch.undo()
+def env(loop, assets, tmp_path_factory):
+    """A starter of desktop apps serving SmolLM2 with its projector (the default) and without it ("text-only"),
+    and roster entries not loaded with it ("eyes-later") and without ("plain-later"), over one data dir (a restart
+    is a quit and another start)."""
+    entries = {"text-only": "", "eyes-later": f'preload = false\nimage_mmproj = "{assets["mmproj"]}"\n',
+               "plain-later": "preload = false\n"}
+    roster = "".join(f'[[models]]\nname = "{name}"\npath = "{assets["smollm2"]}"\nctx = 1024\nstreams = 1\n{extra}'
+                     for name, extra in entries.items())
+    args = ["--model", str(assets["smollm2"]), "--image-mmproj", str(assets["mmproj"]), "--ctx", "1024",
+            "--streams", "1", "--threads", "1"]
+    with desktops(loop, tmp_path_factory.mktemp("gui-vision"), roster, args, "Chat") as env:
+        yield env
 
 
 @pytest.fixture
@@ -182,6 +158,18 @@ def test_a_model_without_vision_refuses_images_saying_why(env, chat, tmp_path):
     assert NO_VISION in chat.status.full_text()
     chat.model.setCurrentIndex(chat.model.findData(env.first.host.service.roster.default_id))
     assert chat.attach_button.isEnabled()
+
+
+def test_attach_is_offered_for_an_unloaded_entry_with_a_projector_and_sending_loads_it(env, chat, tmp_path):
+    roster = env.first.host.service.roster
+    chat.model.setCurrentIndex(chat.model.findData("plain-later"))
+    assert chat.model.currentData() == "plain-later" and not chat.attach_button.isEnabled()
+    chat.model.setCurrentIndex(chat.model.findData("eyes-later"))
+    assert "not loaded" in chat.model.currentText() and "eyes-later" not in roster.loaded
+    assert chat.attach_button.isEnabled() and "Attach an image" in chat.attach_button.toolTip()
+    chat.attach_image(png(tmp_path))
+    info = send(env, chat, "What is in this picture?")  # loads it on demand, with its projector
+    assert info["usage"]["prompt_tokens"] >= mmproj_gguf.N_POS and roster.loaded["eyes-later"].vision
 
 
 def test_a_thread_with_an_image_reloads_after_a_restart(env, chat, tmp_path):

@@ -653,7 +653,7 @@ class ChatPanel(QWidget):
         self.update_attach()
 
     def has_vision(self) -> bool:
-        """Whether the chosen model takes images (it is loaded with a vision projector)."""
+        """Whether the chosen model takes images (loaded with a vision projector, or an entry that loads with one)."""
         info = self.model_info()
         return "vision" in (info.get("capabilities") or ()) or info.get("vision") is True
 

@@ -1,11 +1,16 @@
 """Models: the served slots as cards, and the models a request would load as lines with Load; open another
-GGUF; unload; make default; per-model settings. Long names and paths are elided, whole in their tooltips."""
+GGUF; unload; make default; per-model settings; remove a roster entry (asked first). Long names and paths are
+elided, whole in their tooltips."""
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout,
-                               QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton,
-                               QScrollArea, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
+                               QFrame, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QMessageBox,
+                               QPushButton, QScrollArea, QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout,
+                               QWidget)
 
 from app.gui.panels.elided import ElidedLabel, breakable
 from app.gui.panels.settings import ERROR_STYLE, check_url
@@ -37,6 +42,27 @@ def runs_on(model: dict, variant: str | None) -> str:
     return f"{', '.join(offloaded_to)} · {done}/{total} layers · the rest on {cpu}"
 
 
+def removal_effect(model: dict, models_dir: str | None) -> str:
+    """What Remove does to a listed model, in plain words (the confirmation says it before anything changes)."""
+    if "remote_model" in model:
+        urls = ", ".join(r["url"] for r in model["replicas"])
+        return (f"Requests here that name it are refused as an unknown model from now on. Nothing changes "
+                f"on {urls}: that server keeps serving {model['remote_model']}.")
+    unloads = "It is unloaded now, and replies it is writing stop. " if model["state"] == "loaded" else ""
+    path = Path(model["path"]).expanduser()
+    kept = f"The GGUF file is not deleted: it stays at {path}."
+    if models_dir and path.is_relative_to(Path(models_dir).expanduser()):
+        kept += " It is in the models folder, so it stays listed here to load by its file's name."
+    return f"{unloads}It leaves the roster: it is no longer loaded at start or by a request naming it. {kept}"
+
+
+def _remove_button(name: str, on_remove: Callable[[str], None]) -> QPushButton:
+    button = QPushButton(icon("chat-delete"), "Remove…")
+    button.setToolTip("take this model out of the roster (asks first; no file is deleted)")
+    button.clicked.connect(lambda: on_remove(name))
+    return button
+
+
 def _size(n: int) -> str:
     if n >= 2**30:
         return f"{n / 2**30:.2f} GiB"
@@ -44,9 +70,10 @@ def _size(n: int) -> str:
 
 
 class ModelCard(QFrame):
-    """One slot: file, size, quant, ctx, streams, state, prefix-cache hit rate, and where it runs."""
+    """One slot: file, size, quant, ctx, streams, state, prefix-cache hit rate, and where it runs. on_remove:
+    what Remove… asks (None: not a roster entry, no Remove)."""
 
-    def __init__(self, model: dict, stats: dict | None, bridge):
+    def __init__(self, model: dict, stats: dict | None, bridge, on_remove: Callable[[str], None] | None = None):
         super().__init__()
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.name = model["id"]
@@ -77,6 +104,9 @@ class ModelCard(QFrame):
         self.make_default.clicked.connect(lambda: bridge.set_default(self.name))
         self.settings_button = QPushButton(icon("panels-settings"), "Settings…")
         self.settings_button.setCheckable(True)
+        self.remove_button = _remove_button(self.name, on_remove) if on_remove else None
+        if self.remove_button is not None:
+            buttons.addWidget(self.remove_button)
         buttons.addStretch(1)
         buttons.addWidget(self.settings_button)
         buttons.addWidget(self.make_default)
@@ -158,9 +188,10 @@ def _speech_card(model: dict) -> QFrame:
 
 
 class AvailableCard(QFrame):
-    """A model the server can load but has not (unloaded while idle, on disk, in the roster): one line and Load."""
+    """A model the server can load but has not (unloaded while idle, on disk, in the roster): one line and Load,
+    and Remove… for a roster entry (on_remove given)."""
 
-    def __init__(self, model: dict, bridge):
+    def __init__(self, model: dict, bridge, on_remove: Callable[[str], None] | None = None):
         super().__init__()
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.name = model["id"]
@@ -183,17 +214,25 @@ class AvailableCard(QFrame):
         self.load.clicked.connect(lambda: bridge.load_available(self.name))
         row.addLayout(text, 1)
         row.addWidget(self.load)
+        self.remove_button = _remove_button(self.name, on_remove) if on_remove else None
+        if self.remove_button is not None:
+            self.remove_button.setEnabled(model["state"] != "loading")  # the load would put it back
+            row.addWidget(self.remove_button)
 
 
 class RemoteCard(QFrame):
-    """A model another server serves (backend = "remote"): its upstream id, its URLs and their health."""
+    """A model another server serves (backend = "remote"): its upstream id, its URLs and their health; Remove…
+    asks on_remove."""
 
-    def __init__(self, model: dict):
+    def __init__(self, model: dict, on_remove: Callable[[str], None]):
         super().__init__()
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self.name = model["id"]
         column = QVBoxLayout(self)
-        column.addLayout(_title_row(model))
+        title = _title_row(model)
+        self.remove_button = _remove_button(self.name, on_remove)
+        title.addWidget(self.remove_button)
+        column.addLayout(title)
         urls = ", ".join(r["url"] for r in model["replicas"])
         self.where = ElidedLabel(f"remote · {model['remote_model']} at {urls}", mode=Qt.TextElideMode.ElideMiddle)
         self.health = QLabel()
@@ -350,6 +389,8 @@ class ModelsPanel(QWidget):
                                       "Ollama, another llamadesk) under names of their own here")
         self.remote_button.clicked.connect(self.ask_remote)
         self.remote_dialog: RemoteDialog | None = None
+        self.remove_dialog: QMessageBox | None = None  # the Remove confirmation open now (tests read it)
+        self._listed: dict[str, dict] = {}  # each card's model, by name, as last listed
         top = QHBoxLayout()
         top.addWidget(QLabel("Models: loaded, and on disk to load"))
         top.addStretch(1)
@@ -391,6 +432,7 @@ class ModelsPanel(QWidget):
             return
         models = self.bridge.models()
         remotes = self.bridge.remote_models()
+        self._listed = {m["id"]: m for m in models + remotes}
         if not models and not remotes:
             empty = QLabel("No model is served yet: open a GGUF, or download one in the Catalog.")
             empty.setWordWrap(True)
@@ -399,11 +441,15 @@ class ModelsPanel(QWidget):
             if m.get("kind") in ("asr", "tts"):
                 self.cards.addWidget(_speech_card(m))
             elif m["state"] in ("unloaded", "loading"):
-                self.cards.addWidget(AvailableCard(m, self.bridge))
+                self.cards.addWidget(AvailableCard(m, self.bridge, self._removal(m["id"])))
             else:
-                self.cards.addWidget(ModelCard(m, self._stats.get(m["id"]), self.bridge))
+                self.cards.addWidget(ModelCard(m, self._stats.get(m["id"]), self.bridge, self._removal(m["id"])))
         for m in remotes:
-            self.cards.addWidget(RemoteCard(m))
+            self.cards.addWidget(RemoteCard(m, self.ask_remove))
+
+    def _removal(self, name: str) -> Callable[[str], None] | None:
+        """Remove… for a roster entry; none for a model listed from disk (forgetting it would change nothing)."""
+        return self.ask_remove if self.bridge.rostered(name) else None
 
     def card_names(self) -> list[str]:
         return [self.cards.itemAt(i).widget().name for i in range(self.cards.count())
@@ -412,6 +458,30 @@ class ModelsPanel(QWidget):
     def remote_cards(self) -> list[RemoteCard]:
         return [self.cards.itemAt(i).widget() for i in range(self.cards.count())
                 if isinstance(self.cards.itemAt(i).widget(), RemoteCard)]
+
+    def cards_by_name(self) -> dict[str, QWidget]:
+        return {w.name: w for w in (self.cards.itemAt(i).widget() for i in range(self.cards.count()))
+                if isinstance(w, (ModelCard, AvailableCard, RemoteCard))}
+
+    def ask_remove(self, name: str) -> None:
+        """Say what removing name does and ask (window-modal, no nested event loop); Remove goes on."""
+        box = QMessageBox(QMessageBox.Icon.Question, "Remove model", f"Remove “{name}” from the roster?",
+                          QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel, self)
+        box.setInformativeText(breakable(removal_effect(self._listed[name], self.bridge.models_dir())))
+        remove = box.button(QMessageBox.StandardButton.Yes)
+        remove.setText("Remove")
+        remove.setIcon(icon("chat-delete"))
+        box.setDefaultButton(QMessageBox.StandardButton.Cancel)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        box.finished.connect(lambda _: self.on_remove_answered(box, name))
+        if self.remove_dialog is not None:
+            self.remove_dialog.deleteLater()
+        self.remove_dialog = box
+        box.open()
+
+    def on_remove_answered(self, box: QMessageBox, name: str) -> None:
+        if box.standardButton(box.clickedButton()) == QMessageBox.StandardButton.Yes:
+            self.bridge.forget(name)
 
     def ask_remote(self) -> None:
         """Open the Add remote server dialog (window-modal, no nested event loop)."""
