@@ -32,18 +32,21 @@ def rss_bytes() -> int:
 
 
 def hardware_line() -> str:
-    """One line naming the CPU, core count, memory, llama.cpp's CPU features and, in a build with CPU variants,
-    the variant in use (and any passed over as unsafe here), then the GPUs llama.cpp can offload to."""
+    """One line naming the CPU, core count, memory, in a build with CPU variants the variant in use (and any passed
+    over as unsafe here), the GPUs llama.cpp can offload to, then llama.cpp's CPU features: the long list last, so
+    a line cut short for display still says what runs the models."""
     choice = backends.current()
     variant = f"; {choice.describe()}" if choice is not None and choice.variant is not None else ""
     gpus = "".join(f"; GPU {d.name}: {d.description}, {d.total / 2**30:.1f} GiB" for d in llama.gpu_devices())
-    return _machine_line() + variant + gpus
+    machine, features = _machine()
+    return f"{machine}{variant}{gpus}; llama.cpp: {features}"
 
 
-_hardware: str | None = None
+_hardware: tuple[str, str] | None = None
 
 
-def _machine_line() -> str:
+def _machine() -> tuple[str, str]:
+    """The CPU, cores and memory; llama.cpp's CPU features (read once)."""
     global _hardware
     if _hardware is None:
         cpu = platform.processor() or platform.machine()
@@ -54,8 +57,10 @@ def _machine_line() -> str:
             pass
         ram = total_ram_bytes()
         mem = f", {ram / 2**30:.0f} GiB RAM" if ram else ""
-        feats = [p.split("=")[0].strip() for p in llama.system_info().split("|") if p.strip().endswith("= 1")]
-        _hardware = f"{cpu}, {os.cpu_count()} cores{mem}; llama.cpp: {' '.join(feats)}"
+        # "CPU : SSE3 = 1 | SSSE3 = 1 | …": the names of the features it uses, without the section's label
+        feats = [p.split("=")[0].split(":")[-1].strip() for p in llama.system_info().split("|")
+                 if p.strip().endswith("= 1")]
+        _hardware = f"{cpu}, {os.cpu_count()} cores{mem}", " ".join(feats)
     return _hardware
 
 

@@ -383,6 +383,16 @@ def test_dashboard_shows_where_reused_prompt_tokens_came_from(gui):
     assert f"from RAM {stats['ram_reused_tokens']}" in text and "conversations in RAM" in text
 
 
+def test_the_dashboard_charts_of_rates_and_counts_start_at_zero(gui):
+    gui.run_loop(asyncio.sleep(1.2))  # a tick of real stats (an idle server's are zeros)
+    dash = gui.window.panels["Dashboard"]
+    for chart in (dash.gen, dash.prefill, dash.streams_chart):
+        low, high = chart.getViewBox().viewRange()[1]
+        assert low == 0 and high - low >= 1, (chart, low, high)  # not -0.5…0.5 for zeros
+        assert "x0." not in chart.getPlotItem().getAxis("left").labelString()  # no SI rescale of "tok/s"
+    assert dash.memory.getViewBox().viewRange()[1][0] > 0  # memory is ranged to its values
+
+
 def test_the_dashboard_streams_table_shows_whole_model_names(gui, assets):
     long_name = "SmolLM2-135M-Instruct.Q4_1-but-longer"  # a real GGUF stem and then some
     gui.window.show_panel("Dashboard")

@@ -78,7 +78,7 @@ def test_the_models_panel_says_where_each_model_runs(loop, desktop, rpc_port, as
     assert rpc.toolTip() == rpc.full_text() and not rpc.is_elided()
     assert listed["smollm2-here"]["devices"] == ["local"]
     stats = get(loop, desktop, "/v1/stats")["hardware"]
-    variant = stats.split("; CPU variant ", 1)[1].split()[0] if "; CPU variant " in stats else None
+    variant = stats.split("; CPU variant ", 1)[1].split(";")[0].split()[0] if "; CPU variant " in stats else None
     assert here.full_text() == (f"CPU ({variant})" if variant else "CPU")  # the variant in use, where there is one
 
     w.resize(900, 600)  # the row elides rather than widen the window

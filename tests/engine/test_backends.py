@@ -136,6 +136,6 @@ def test_a_variant_wheel_probes_its_best_variant_and_then_serves_with_it(assets,
     assert r.returncode == 0, r.stderr[-2000:]
     name, hardware = r.stdout.splitlines()[-2:]
     assert name == best.name
-    assert hardware.endswith(f"CPU variant {best.name}")
+    assert f"; CPU variant {best.name}; " in hardware and hardware.rsplit("; ", 1)[1].startswith("llama.cpp: ")
     verdicts = Verdicts(tmp_path / "cpu-variants.json", backends.cpu_signature())
     assert verdicts.get(best.name) == "ok"

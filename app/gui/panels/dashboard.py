@@ -17,7 +17,9 @@ HISTORY = 120  # seconds of chart history
 class Chart(pg.PlotWidget):
     """A small time-series chart with one or more named lines."""
 
-    def __init__(self, title: str, series: list[tuple[str, str]], unit: str):
+    def __init__(self, title: str, series: list[tuple[str, str]], unit: str, counts: bool = True):
+        """counts: the values are rates or counts, never below 0: the y axis starts at 0 and spans at least 1 (an
+        idle server's zeros would otherwise auto-range to ±0.5, drawn as -400…400 "(x0.001)")."""
         super().__init__()
         self.setBackground(None)
         self.setTitle(title, size="10pt")
@@ -28,6 +30,9 @@ class Chart(pg.PlotWidget):
         self.setXRange(0, HISTORY - 1, padding=0)
         self.disableAutoRange(axis="x")
         self.getPlotItem().setLabel("left", unit)
+        self.getPlotItem().getAxis("left").enableAutoSIPrefix(False)  # the unit says the scale: no "(x0.001)"
+        if counts:
+            self.getViewBox().setLimits(yMin=0, minYRange=1)
         self.getPlotItem().getAxis("bottom").setStyle(showValues=False)
         self.addLegend(offset=(5, 5))
         self.lines = {}
@@ -58,7 +63,7 @@ class DashboardPanel(QWidget):
         self.gen = Chart("Generated tokens/s", [("generated", "#5b6cff")], "tok/s")
         self.prefill = Chart("Prefill tokens/s", [("prefill", "#2bb3a3")], "tok/s")
         self.streams_chart = Chart("Streams", [("active", "#e07b39"), ("queued", "#9b59b6")], "streams")
-        self.memory = Chart("Memory", [("rss", "#7f8c8d")], "MB")
+        self.memory = Chart("Memory", [("rss", "#7f8c8d")], "MB", counts=False)
         self.summary = QLabel()
         self.summary.setWordWrap(True)
         self.hardware = ElidedLabel()  # llama.cpp's CPU-feature list runs long: one line, the rest in its tooltip
