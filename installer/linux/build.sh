@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Linux bundle: the PyInstaller one-folder build with the portable llama-cpp-python wheel of a variant
-# (installer/wheel.sh: every CPU class; vulkan and cuda add that GPU backend), smoke-tested headless, then packed
+# (installer/wheel.sh: every CPU class; vulkan and cuda add that GPU backend), smoke-tested headless (and, on
+# x86_64 with qemu-user, as an old CPU: installer/linux/oldcpu_smoke.sh), then packed
 # as dist/llamadesk-<version>-linux-<arch>[-<variant>].tar.gz and, where appimagetool is at hand, an AppImage.
 # Usage: installer/linux/build.sh [--variant cpu|vulkan|cuda] [--appimage|--no-appimage] [--models DIR]
 #   --appimage: fail without appimagetool (default: make the AppImage only when it is found)
@@ -22,6 +23,12 @@ installer/pyinstaller.sh "$VARIANT"
 PY=build/bundle-venv/bin/python
 MODELS=$($PY installer/smoke_models.py ${MODELS:+"$MODELS"})
 installer/smoke_test.sh dist/llamadesk/llamadesk --models "$MODELS"
+# and as an SSE4.2-only CPU, which must get the sse42 variant (x86_64, where QEMU user mode is installed)
+if [ "$(uname -m)" = x86_64 ] && command -v qemu-x86_64 >/dev/null; then
+  installer/linux/oldcpu_smoke.sh dist/llamadesk Nehalem sse42 --models "$MODELS"
+else
+  echo "no old-CPU smoke test: qemu-x86_64 not found (Debian's qemu-user; installer/linux/oldcpu_smoke.sh)"
+fi
 
 VERSION=$($PY -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['version'])")
 NAME=llamadesk-$VERSION-linux-$(uname -m)$([ "$VARIANT" = cpu ] || echo "-$VARIANT")
