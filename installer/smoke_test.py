@@ -7,11 +7,12 @@ the Piper voice joe) it serves them and checks a greedy chat answer, embeddings,
 transcription of that speech, and prints /v1/stats' hardware line, which must name the CPU variant in use when
 the bundle carries CPU variants, and where the chat model runs (/v1/models' devices and layers offloaded), which
 --expect-device NAME requires to be a device whose name starts with NAME (Vulkan, CUDA, Metal);
---expect-variant NAME requires the hardware line's CPU variant to be NAME (installer/linux/oldcpu_smoke.sh).
+--expect-variant NAME requires the hardware line's CPU variant to be NAME (installer/linux/oldcpu_smoke.sh),
+--expect-excluded "NAME: WHY" that variant passed over for that reason (installer/linux/faulty_variant_smoke.sh).
 Standard library only: it runs beside a bundle, with whatever python the build machine has.
 
 Usage: installer/smoke_test.py PATH/TO/llamadesk [--models DIR] [--expect-device NAME] [--expect-variant NAME]
-                               [-- MORE LLAMADESK FLAGS]
+                               [--expect-excluded "NAME: WHY"] [-- MORE LLAMADESK FLAGS]
 """
 from __future__ import annotations
 
@@ -183,15 +184,17 @@ def check_served(base: str) -> None:
     print(f"  speech round trip: {check_speech(base)!r}")
 
 
-def check_hardware(base: str, exe: Path, expect_variant: str | None = None) -> str:
+def check_hardware(base: str, exe: Path, expect_variant: str | None = None, expect_excluded: str | None = None) -> str:
     """/v1/stats' hardware line; a bundle that carries CPU variants must name the one it chose (expect_variant:
-    that one)."""
+    that one; expect_excluded: "name: why" of a variant it passed over)."""
     line = get_json(f"{base}/v1/stats").get("hardware") or ""
     carried = sorted(p.name for p in exe.parent.rglob("*ggml-cpu-*"))
     if carried and "CPU variant " not in line:
         raise SmokeFailure(f"the bundle carries {len(carried)} CPU variants, and /v1/stats names none: {line!r}")
     if expect_variant and f"; CPU variant {expect_variant};" not in line:
         raise SmokeFailure(f"the CPU variant in use is not {expect_variant}: {line!r}")
+    if expect_excluded and not ("(excluded: " in line and expect_excluded in line.split("(excluded: ", 1)[1]):
+        raise SmokeFailure(f"no CPU variant was excluded as {expect_excluded!r}: {line!r}")
     return line
 
 
@@ -223,7 +226,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def run(exe: Path, models: Path | None, extra: list[str], work: Path, expect_device: str | None = None,
-        expect_variant: str | None = None) -> None:
+        expect_variant: str | None = None, expect_excluded: str | None = None) -> None:
     """Start exe, check it, stop it; raises SmokeFailure."""
     config = work / "llamadesk.toml"
     config.write_text(roster(models) if models else "")
@@ -240,7 +243,7 @@ def run(exe: Path, models: Path | None, extra: list[str], work: Path, expect_dev
             print(f"  chat model on: {check_placement(base, expect_device)}")
         else:
             check_setup_mode(base)
-        print(f"  hardware: {check_hardware(base, exe, expect_variant)}")
+        print(f"  hardware: {check_hardware(base, exe, expect_variant, expect_excluded)}")
         stop(proc)
     finally:
         if proc.poll() is None:
@@ -257,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect-device", metavar="NAME",
                         help="fail unless every layer of the chat model runs on a device whose name starts with NAME")
     parser.add_argument("--expect-variant", metavar="NAME", help="fail unless llama.cpp runs the CPU variant NAME")
+    parser.add_argument("--expect-excluded", metavar="NAME: WHY",
+                        help="fail unless the CPU variant NAME was passed over, for the reason WHY")
     argv = sys.argv[1:] if argv is None else argv
     ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parser.parse_args(ours)
@@ -266,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.expect_device and not args.models:
                 raise SmokeFailure("--expect-device needs --models: setup mode serves no model")
             run(args.exe.resolve(), args.models and args.models.resolve(), extra, Path(tmp), args.expect_device,
-                args.expect_variant)
+                args.expect_variant, args.expect_excluded)
         except (SmokeFailure, OSError, KeyError, ValueError, subprocess.SubprocessError) as e:
             print(f"smoke test FAILED: {e}\n--- llamadesk log ---", file=sys.stderr)
             log = Path(tmp) / "llamadesk.log"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Linux bundle: the PyInstaller one-folder build with the portable llama-cpp-python wheel of a variant
 # (installer/wheel.sh: every CPU class; vulkan and cuda add that GPU backend), smoke-tested headless (and, on
-# x86_64 with qemu-user, as an old CPU: installer/linux/oldcpu_smoke.sh), then packed
+# x86_64, with a faulting AMX variant and as an old CPU: installer/linux/*_smoke.sh), then packed
 # as dist/llamadesk-<version>-linux-<arch>[-<variant>].tar.gz and, where appimagetool is at hand, an AppImage.
 # Usage: installer/linux/build.sh [--variant cpu|vulkan|cuda] [--appimage|--no-appimage] [--models DIR]
 #   --appimage: fail without appimagetool (default: make the AppImage only when it is found)
@@ -23,11 +23,19 @@ installer/pyinstaller.sh "$VARIANT"
 PY=build/bundle-venv/bin/python
 MODELS=$($PY installer/smoke_models.py ${MODELS:+"$MODELS"})
 installer/smoke_test.sh dist/llamadesk/llamadesk --models "$MODELS"
-# and as an SSE4.2-only CPU, which must get the sse42 variant (x86_64, where QEMU user mode is installed)
-if [ "$(uname -m)" = x86_64 ] && command -v qemu-x86_64 >/dev/null; then
-  installer/linux/oldcpu_smoke.sh dist/llamadesk Nehalem sse42 --models "$MODELS"
-else
-  echo "no old-CPU smoke test: qemu-x86_64 not found (Debian's qemu-user; installer/linux/oldcpu_smoke.sh)"
+# on x86_64: with the AMX variant faulting as on a VM that advertises AMX (needs a C compiler), and as an
+# SSE4.2-only CPU, which must get the sse42 variant (needs QEMU user mode)
+if [ "$(uname -m)" = x86_64 ]; then
+  if command -v "${CC:-cc}" >/dev/null; then
+    installer/linux/faulty_variant_smoke.sh dist/llamadesk --models "$MODELS"
+  else
+    echo "no faulty-variant smoke test: no C compiler (installer/linux/faulty_variant_smoke.sh)"
+  fi
+  if command -v qemu-x86_64 >/dev/null; then
+    installer/linux/oldcpu_smoke.sh dist/llamadesk Nehalem sse42 --models "$MODELS"
+  else
+    echo "no old-CPU smoke test: qemu-x86_64 not found (Debian's qemu-user; installer/linux/oldcpu_smoke.sh)"
+  fi
 fi
 
 VERSION=$($PY -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['version'])")
