@@ -237,6 +237,10 @@ def _item(item: Message | FunctionCall | FunctionCallOutput | ReasoningItem, at:
         return {"id": item.id or _new_id("fc"), "type": "function_call", "status": "completed",
                 "call_id": item.call_id, "name": item.name, "arguments": item.arguments}
     if isinstance(item, FunctionCallOutput):
+        for j, part in enumerate(item.output if isinstance(item.output, list) else []):
+            if isinstance(part, InputImage):  # a tool message is text to every chat template: said, not dropped
+                raise InvalidRequest(f"'{at}.output[{j}]': images are not supported in a function_call_output; "
+                                     "send them as input_image parts of a user message", "input")
         output = item.output if isinstance(item.output, str) else _parts(item.output, "input_text", f"{at}.output")
         return {"id": item.id or _new_id("fco"), "type": "function_call_output", "status": "completed",
                 "call_id": item.call_id, "output": output}

@@ -484,6 +484,10 @@ BAD = [
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input", "not supported"),
     ({"input": [{"role": "user", "content": [{"text": "hi"}]}]}, "input", "type"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input", "call_id"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": [
+        {"type": "input_text", "text": "a chart"},
+        {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}]},
+     "input", "'input[0].output[1]': images are not supported in a function_call_output"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input", "arguments"),
     ({**HI, "tools": [{"type": "web_search_preview"}]}, "tools", "web_search_preview"),
     ({**HI, "tools": [{**FN, "name": "bad name"}]}, "tools", "name"),
