@@ -11,7 +11,7 @@ from typing import Callable
 from engine.config import Config
 from engine.service import Service
 from server.access import check_exposure
-from server.app import Server, start_server
+from server.app import PortInUse, Server, start_server
 
 log = logging.getLogger("llamadesk.app")
 
@@ -39,8 +39,10 @@ class Host:
     def serving(self) -> bool:
         return self.server is not None
 
-    async def start(self) -> None:
-        """Load the configured models (off the loop), start the scheduler, then listen."""
+    async def start(self, paused_if_taken: bool = False) -> str | None:
+        """Load the configured models (off the loop), start the scheduler, then listen. With paused_if_taken (the
+        desktop), a port another program holds leaves the engine running, not listening, and returns why
+        (Serving listens again, say on another port); else PortInUse."""
         check_exposure(self.config)  # InsecureBind before any model loads
         service = Service(self.config)
         log.info("loading %d model(s)", len(self.config.models))
@@ -50,18 +52,28 @@ class Host:
             log.warning("no model configured: serving in setup mode (download one from the catalog)")
         service.start(asyncio.get_running_loop())
         self.service = service
+        taken = None
         try:
             self.server = await start_server(service, self.config, self)
+        except PortInUse as e:
+            if not paused_if_taken:
+                await service.stop()
+                self.service = None
+                raise
+            taken = e.message
+            log.error("%s: not serving until Serving is pressed (the models are loaded)", taken)
         except BaseException:
             await service.stop()
             self.service = None
             raise
-        log.info("serving the OpenAI API on %s/v1", self.server.url)
+        if self.server is not None:
+            log.info("serving the OpenAI API on %s/v1", self.server.url)
         # What exists now (models, the app's windows, libraries) lives as long as the process: keep
         # it out of the cyclic GC's full collections, which otherwise stall the shared event loop
         # (window and HTTP replies) for 60-100 ms under load (measured by tests/bench/bench_gui_lag.py).
         gc.collect()
         gc.freeze()
+        return taken
 
     async def pause(self) -> None:
         """Stop listening; models stay loaded."""

@@ -573,7 +573,10 @@ class Bridge(QObject):
                 self._pin_port()
                 await self.host.pause()
             else:
-                await self.host.resume()
+                try:
+                    await self.host.resume()
+                except EngineError as e:  # the port is still taken (PortInUse), or cannot be bound
+                    self.notice.emit(f"not serving: {e.message}")
             self.on_tick()
         return self.spawn(go())
 

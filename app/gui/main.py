@@ -63,12 +63,15 @@ class Desktop:
             self.tray.show()
         log.info("starting the server")
         try:
-            await self.host.start()
+            taken = await self.host.start(paused_if_taken=True)
         except EngineError as e:
             log.error("%s; starting in setup mode instead", e.message)
             self.host.config = dataclasses.replace(self.host.config, models=[])
-            await self.host.start()
+            taken = await self.host.start(paused_if_taken=True)
             self.bridge.notice.emit(e.message)
+        if taken:  # the window stays, not serving: another port in Settings, then Serving
+            self.bridge.notice.emit(f"not serving: {taken.replace('with --port', 'in Settings')}, then press "
+                                    "Serving")
         if self._quitting is not None:  # Quit came while the models loaded: stop what has just started
             await self.host.stop()
             return

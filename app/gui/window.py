@@ -266,7 +266,8 @@ class MainWindow(QMainWindow):
     def set_serving(self, on: bool) -> None:
         """Serve (listen) or pause; the models stay loaded."""
         if self.bridge.running and on != self.bridge.host.serving:
-            self.bridge.toggle_serving()
+            # the toggles follow what the host does then: a port still taken leaves them off
+            self.bridge.toggle_serving().add_done_callback(lambda _: self.sync_serving())
         else:
             self.sync_serving()
 

@@ -9,6 +9,7 @@ import logging
 import os
 import queue
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -297,6 +298,35 @@ def test_the_serve_toggle_pauses_and_resumes_listening(loop, gui):
     assert refused
     assert health == (200, {"status": "ok", "version": VERSION}) and gui.host.url == url
     assert w.serve_button.isChecked() and w.serve_button.text() == "Serving" and w.serve_action.isChecked()
+
+
+def test_a_port_another_program_holds_leaves_the_window_up_not_serving_until_serving_is_pressed(loop, assets,
+                                                                                                 tmp_path):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    desktop = make_desktop(tmp_path, assets, "--port", str(port))
+    notices: list[str] = []
+    desktop.bridge.notice.connect(notices.append)
+    try:
+        run(loop, desktop.start())  # before: a PortInUse out of the setup-mode retry, and the process gone
+        w = desktop.window
+        run(loop, until(lambda: w.state_label.text() == "● paused"))
+        assert desktop.host.service is not None and not desktop.host.serving  # the model is loaded
+        assert f"not serving: port {port} on 127.0.0.1 is in use; choose another in Settings, then press Serving" \
+            in notices
+        w.serve_button.click()  # still taken: said again, nothing else changes
+        run(loop, until(lambda: len(notices) >= 2))
+        assert notices[-1] == f"not serving: port {port} on 127.0.0.1 is in use; choose another with --port"
+        assert not desktop.host.serving
+        holder.close()
+        w.serve_button.click()
+        run(loop, until(lambda: desktop.host.serving))
+        assert run(loop, asyncio.to_thread(http, f"http://127.0.0.1:{port}/health"))[0] == 200  # off the loop
+    finally:
+        holder.close()
+        run(loop, desktop.quit())
 
 
 def test_serve_on_the_local_network_without_an_api_key_says_why_and_changes_nothing(loop, gui):
