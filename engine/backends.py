@@ -44,14 +44,15 @@ class Choice:
     variant: Variant | None  # None: a build without CPU variants (llama.cpp loads its one CPU backend)
     excluded: list[tuple[str, str]] = field(default_factory=list)
     others: list[str] = field(default_factory=list)  # GPU/RPC backend modules loaded beside it
+    note: str | None = None  # why the variant in use was not proven here: "unprobed: …", "the last resort: …"
 
     def describe(self) -> str:
         if self.variant is None:
             return "built-in CPU backend"
-        text = f"CPU variant {self.variant.name}"
+        said = [self.note] if self.note else []
         if self.excluded:
-            text += " (excluded: " + ", ".join(f"{n}: {why}" for n, why in self.excluded) + ")"
-        return text
+            said.append("excluded: " + ", ".join(f"{n}: {why}" for n, why in self.excluded))
+        return f"CPU variant {self.variant.name}" + (f" ({'; '.join(said)})" if said else "")
 
 
 def library_dir() -> Path:
@@ -104,13 +105,14 @@ class Verdicts:
         if path is not None:
             try:
                 data = json.loads(path.read_text())
-                self._all = data if isinstance(data, dict) else {}
             except (OSError, ValueError):
-                pass  # none yet, or unreadable: probe again
+                data = None  # none yet, or unreadable: probe again
+            # only {signature: {variant: verdict}} is read: anything else in the file is probed again
+            self._all = {sig: {v: why for v, why in mine.items() if isinstance(why, str)}
+                         for sig, mine in (data.items() if isinstance(data, dict) else ()) if isinstance(mine, dict)}
 
     def get(self, variant: str) -> str | None:
-        mine = self._all.get(self.signature)
-        return mine.get(variant) if isinstance(mine, dict) else None
+        return self._all.get(self.signature, {}).get(variant)
 
     def put(self, variant: str, verdict: str) -> None:
         self._all.setdefault(self.signature, {})[variant] = verdict
@@ -124,24 +126,47 @@ class Verdicts:
                 log.warning("cannot remember the CPU variant verdict in %s: %s", self.path, e)
 
 
-def choose(variants: list[Variant], probe: Callable[[Variant], str | None] | None, verdicts: Verdicts) -> Choice:
-    """The best variant whose probe passes (remembered verdicts are not probed again); the last resort is the
-    lowest one, which uses no instruction beyond the baseline, unprobed. Without a probe (no model to probe with)
-    the best one not remembered as failing, unprobed."""
+OK = "ok"  # passed with a quantized model (the kernels that fault, AMX's, are quantized matmuls)
+OK_FLOAT = "ok with a float model"  # passed, but ran no quantized kernel: a quantized model probes again
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one probe child showed: passed (why is None); failed because of the variant (a fault, or it would not
+    load), conclusive and remembered; or nothing about it (the model would not load, no answer in time): then
+    the variant is used unprobed, and nothing is remembered."""
+    why: str | None = None
+    conclusive: bool = True
+
+
+def choose(variants: list[Variant], probe: Callable[[Variant], Outcome] | None, verdicts: Verdicts,
+           quantized: bool = True) -> Choice:
+    """The best variant whose probe passes (remembered verdicts are not probed again; a pass with a float model
+    is, when this model is quantized); the last resort is the lowest one, which uses no instruction beyond the
+    baseline, unprobed. Without a probe (no model to probe with) the best one not remembered as failing,
+    unprobed; a probe that shows nothing about its variant (inconclusive) leaves that one in use, unprobed."""
     choice = Choice(None)
     for v in variants:
         verdict = verdicts.get(v.name)
+        if verdict == OK_FLOAT and quantized:
+            verdict = None
         if verdict is None and probe is None:
             choice.variant = v
             return choice
         if verdict is None:
-            verdict = probe(v) or "ok"
+            outcome = probe(v)
+            if not outcome.conclusive:
+                choice.variant, choice.note = v, f"unprobed: {outcome.why}"
+                return choice
+            verdict = outcome.why or (OK if quantized else OK_FLOAT)
             verdicts.put(v.name, verdict)
-        if verdict == "ok":
+        if verdict in (OK, OK_FLOAT):
             choice.variant = v
             return choice
         choice.excluded.append((v.name, verdict))
-    choice.variant = variants[-1] if variants else None
+    if variants:  # every one failed: the baseline, which needs nothing beyond the architecture's own
+        choice.variant = variants[-1]
+        choice.note = f"the last resort: {choice.excluded.pop()[1]}"
     return choice
 
 
@@ -151,22 +176,27 @@ def probe_command(variant: Path, model: Path) -> list[str]:
     return [sys.executable, "-m", "engine.backends", "probe", str(variant), str(model)]
 
 
+# the probe child's exit statuses that are about the variant (probe_child): it would not load, or decoding failed
+_VARIANT_FAILED = {3, 6}
+
+
 def run_probe(variant: Variant, model: Path, timeout: float = PROBE_TIMEOUT_S,
-              command: Callable[[Path, Path], list[str]] = probe_command) -> str | None:
-    """Run the probe child for variant; None when it passed, else why it failed ("killed by SIGILL")."""
+              command: Callable[[Path, Path], list[str]] = probe_command) -> Outcome:
+    """Run the probe child for variant: passed, failed ("killed by SIGILL", conclusive), or inconclusive (the model
+    would not load, no answer in time: a loaded machine or a slow disk say nothing about the CPU)."""
     try:
         r = subprocess.run(command(variant.path, model), capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return f"no answer in {timeout:.0f} s"
+        return Outcome(f"no answer in {timeout:.0f} s", conclusive=False)
     if r.returncode == 0:
-        return None
+        return Outcome()
     if r.returncode < 0:
         try:
-            return f"killed by {signal.Signals(-r.returncode).name}"
+            return Outcome(f"killed by {signal.Signals(-r.returncode).name}")
         except ValueError:
-            return f"killed by signal {-r.returncode}"
+            return Outcome(f"killed by signal {-r.returncode}")
     tail = r.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-    return f"exit status {r.returncode} {tail[0][:200]}".strip()
+    return Outcome(f"exit status {r.returncode} {tail[0][:200]}".strip(), r.returncode in _VARIANT_FAILED)
 
 
 _choice: Choice | None = None
@@ -189,7 +219,8 @@ def load(model: Path | None, cache_dir: Path | None) -> Choice:
         _choice = Choice(None)
         return _choice
     verdicts = Verdicts(cache_dir / "cpu-variants.json" if cache_dir else None, cpu_signature())
-    choice = choose(variants, (lambda v: run_probe(v, model)) if model else None, verdicts)
+    choice = choose(variants, (lambda v: run_probe(v, model)) if model else None, verdicts,
+                    quantized=model is not None and is_quantized(model))
     ggml = _ggml(libdir)
     if not ggml.ggml_backend_load(str(choice.variant.path).encode()):
         raise OSError(f"cannot load {choice.variant.path}")
@@ -198,13 +229,26 @@ def load(model: Path | None, cache_dir: Path | None) -> Choice:
         if kind not in ("base", "cpu") and not kind.startswith("cpu-") and "." not in kind:
             if ggml.ggml_backend_load(str(path).encode()):
                 choice.others.append(kind)
-    if choice.excluded:
-        log.warning("CPU: using the %s variant; %s", choice.variant.name,
-                    "; ".join(f"{n} excluded ({why})" for n, why in choice.excluded))
+    if choice.excluded or choice.note:
+        log.warning("CPU: using the %s variant%s%s", choice.variant.name, f" ({choice.note})" if choice.note else "",
+                    "".join(f"; {n} excluded ({why})" for n, why in choice.excluded))
     else:
         log.info("CPU: using the %s variant", choice.variant.name)
     _choice = choice
     return choice
+
+
+_FLOAT_FILE_TYPES = {0, 1, 32}  # llama.cpp's ALL_F32, MOSTLY_F16, MOSTLY_BF16
+
+
+def is_quantized(model: Path) -> bool:
+    """Whether the GGUF's weights are mostly quantized (its general.file_type); unreadable: not known to be."""
+    from engine.models.gguf import read_metadata
+    try:
+        file_type = read_metadata(model).get("general.file_type")
+    except (OSError, ValueError):
+        return False
+    return isinstance(file_type, int) and file_type not in _FLOAT_FILE_TYPES
 
 
 def before_init(model: Path | str | None) -> Choice:
@@ -244,6 +288,7 @@ def _loaded(soname: str) -> ctypes.CDLL | None:
 def probe_child(variant: str, model: str) -> int:
     """The child: this variant alone, the model loaded as a server would (weights in the variant's extra buffer
     types, where the AMX kernel lives), a few tokens decoded. A fault kills this process, not the app."""
+    _die_with_parent()
     import llama_cpp as L
     if not _ggml(library_dir()).ggml_backend_load(variant.encode()):
         print(f"cannot load {variant}", file=sys.stderr)
@@ -267,6 +312,12 @@ def probe_child(variant: str, model: str) -> int:
     L.llama_free(ctx)
     L.llama_model_free(m)
     return 0 if rc == 0 else 6
+
+
+def _die_with_parent() -> None:
+    """On Linux, this child is killed when the app that waits for it dies (a SIGTERM during start-up)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 if __name__ == "__main__":

@@ -39,16 +39,18 @@ def hardware_line() -> str:
     variant = f"; {choice.describe()}" if choice is not None and choice.variant is not None else ""
     gpus = "".join(f"; GPU {d.name}: {d.description}, {d.total / 2**30:.1f} GiB" for d in llama.gpu_devices())
     machine, features = _machine()
-    return f"{machine}{variant}{gpus}; llama.cpp: {features}"
+    return f"{machine}{variant}{gpus}; llama.cpp: {features or 'no CPU backend loaded yet'}"
 
 
-_hardware: tuple[str, str] | None = None
+_machine_line: str | None = None
+_features: str = ""
 
 
 def _machine() -> tuple[str, str]:
-    """The CPU, cores and memory; llama.cpp's CPU features (read once)."""
-    global _hardware
-    if _hardware is None:
+    """The CPU, cores and memory (read once); llama.cpp's CPU features, read until a CPU backend is loaded (a
+    GGML_BACKEND_DL build has none before its first model: setup mode)."""
+    global _machine_line, _features
+    if _machine_line is None:
         cpu = platform.processor() or platform.machine()
         try:
             with open("/proc/cpuinfo") as f:
@@ -56,12 +58,12 @@ def _machine() -> tuple[str, str]:
         except OSError:
             pass
         ram = total_ram_bytes()
-        mem = f", {ram / 2**30:.0f} GiB RAM" if ram else ""
+        _machine_line = f"{cpu}, {os.cpu_count()} cores" + (f", {ram / 2**30:.0f} GiB RAM" if ram else "")
+    if not _features:
         # "CPU : SSE3 = 1 | SSSE3 = 1 | …": the names of the features it uses, without the section's label
-        feats = [p.split("=")[0].split(":")[-1].strip() for p in llama.system_info().split("|")
-                 if p.strip().endswith("= 1")]
-        _hardware = f"{cpu}, {os.cpu_count()} cores{mem}", " ".join(feats)
-    return _hardware
+        _features = " ".join(p.split("=")[0].split(":")[-1].strip() for p in llama.system_info().split("|")
+                             if p.strip().endswith("= 1"))
+    return _machine_line, _features
 
 
 def total_ram_bytes() -> int:

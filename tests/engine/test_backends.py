@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from engine import backends
-from engine.backends import Variant, Verdicts, choose, cpu_variants, run_probe
+from engine.backends import (OK, OK_FLOAT, Outcome, Variant, Verdicts, choose, cpu_variants, is_quantized,
+                             run_probe)
 
 
 def _variant_lib(tmp: Path, name: str, score: int) -> Path:
@@ -47,7 +48,7 @@ def test_a_child_killed_by_sigill_is_excluded_and_named(tmp_path):
     passes = _child("pass")
     calls = []
 
-    def probe(v: Variant) -> str | None:
+    def probe(v: Variant) -> Outcome:
         calls.append(v.name)
         return run_probe(v, tmp_path / "m.gguf", command=crash if v.name == "sapphirerapids" else passes)
 
@@ -62,23 +63,67 @@ def test_a_child_killed_by_sigill_is_excluded_and_named(tmp_path):
     again = choose(_three(tmp_path), lambda v: calls.append(v.name) or "unexpected", Verdicts(verdicts.path, "cpu-1"))
     assert again.variant.name == "icelake" and calls == ["sapphirerapids", "icelake"]
     # another CPU (a new signature) probes again
-    other = choose(_three(tmp_path), lambda v: calls.append(v.name), Verdicts(verdicts.path, "cpu-2"))
+    other = choose(_three(tmp_path), lambda v: calls.append(v.name) or Outcome(), Verdicts(verdicts.path, "cpu-2"))
     assert other.variant.name == "sapphirerapids" and calls[-1] == "sapphirerapids"
 
 
-def test_a_child_that_fails_or_hangs_is_excluded_with_the_reason(tmp_path):
+def test_a_child_that_fails_because_of_its_variant_is_conclusive_and_one_that_cannot_tell_is_not(tmp_path):
     v = _three(tmp_path)[0]
-    failed = run_probe(v, tmp_path / "m.gguf", command=_child("import sys; print('no such op', file=sys.stderr); sys.exit(6)"))
-    assert failed == "exit status 6 no such op"
+    failed = run_probe(v, tmp_path / "m.gguf",
+                       command=_child("import sys; print('no such op', file=sys.stderr); sys.exit(6)"))
+    assert failed == Outcome("exit status 6 no such op")
+    no_model = run_probe(v, tmp_path / "m.gguf",
+                         command=_child("import sys; print('cannot load m.gguf', file=sys.stderr); sys.exit(4)"))
+    assert no_model == Outcome("exit status 4 cannot load m.gguf", conclusive=False)
     hung = run_probe(v, tmp_path / "m.gguf", timeout=1.0, command=_child("import time; time.sleep(30)"))
-    assert hung == "no answer in 1 s"
-    assert run_probe(v, tmp_path / "m.gguf", command=_child("pass")) is None
+    assert hung == Outcome("no answer in 1 s", conclusive=False)
+    assert run_probe(v, tmp_path / "m.gguf", command=_child("pass")) == Outcome()
+
+
+def test_a_probe_that_cannot_tell_leaves_its_variant_in_use_and_nothing_remembered(tmp_path):
+    """A model the child cannot load (a truncated GGUF) or a slow start says nothing about the CPU: before, every
+    variant was remembered as failed and later starts ran the baseline, 50 times slower."""
+    verdicts = Verdicts(tmp_path / "cpu-variants.json", "cpu")
+    choice = choose(_three(tmp_path), lambda v: run_probe(v, tmp_path / "m.gguf", command=_child(
+        "import sys; sys.exit(4)")), verdicts)
+    assert choice.variant.name == "sapphirerapids" and choice.excluded == []
+    assert choice.describe() == "CPU variant sapphirerapids (unprobed: exit status 4)"
+    assert not verdicts.path.exists() and Verdicts(verdicts.path, "cpu").get("sapphirerapids") is None
+    # the next start, with a model that loads, probes for real
+    again = choose(_three(tmp_path), lambda v: Outcome(), Verdicts(verdicts.path, "cpu"))
+    assert again.note is None and Verdicts(verdicts.path, "cpu").get("sapphirerapids") == OK
+
+
+def test_a_pass_with_a_float_model_is_probed_again_for_a_quantized_one(tmp_path):
+    """The AMX kernel that faults is a quantized matmul: an F16 model's probe never runs it."""
+    path = tmp_path / "cpu-variants.json"
+    probed = []
+
+    def probe(v: Variant) -> Outcome:
+        probed.append(v.name)
+        return Outcome("killed by SIGILL") if v.name == "sapphirerapids" and len(probed) > 1 else Outcome()
+    choose(_three(tmp_path), probe, Verdicts(path, "cpu"), quantized=False)
+    assert Verdicts(path, "cpu").get("sapphirerapids") == OK_FLOAT
+    choose(_three(tmp_path), probe, Verdicts(path, "cpu"), quantized=False)  # trusted for another float model
+    assert probed == ["sapphirerapids"]
+    crash = choose(_three(tmp_path), probe, Verdicts(path, "cpu"), quantized=True)
+    assert probed == ["sapphirerapids", "sapphirerapids", "icelake"]
+    assert crash.variant.name == "icelake" and crash.excluded == [("sapphirerapids", "killed by SIGILL")]
+    assert Verdicts(path, "cpu").get("sapphirerapids") == "killed by SIGILL"
+
+
+def test_quantized_is_read_from_the_gguf(assets, tmp_path):
+    assert is_quantized(assets["smollm2"])  # Q4_1
+    assert not is_quantized(assets["minilm"])  # F16
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF\x03")
+    assert not is_quantized(tmp_path / "junk.gguf") and not is_quantized(tmp_path / "missing.gguf")
 
 
 def test_when_every_probe_fails_the_baseline_variant_is_used(tmp_path):
-    choice = choose(_three(tmp_path), lambda v: "killed by SIGILL", Verdicts(None, "cpu"))
+    choice = choose(_three(tmp_path), lambda v: Outcome("killed by SIGILL"), Verdicts(None, "cpu"))
     assert choice.variant.name == "x64"
-    assert [n for n, _ in choice.excluded] == ["sapphirerapids", "icelake", "x64"]
+    assert [n for n, _ in choice.excluded] == ["sapphirerapids", "icelake"]  # not the one in use
+    assert choice.describe().startswith("CPU variant x64 (the last resort: killed by SIGILL; excluded: ")
 
 
 def test_without_a_model_the_best_variant_not_remembered_as_failing_is_used_unprobed(tmp_path):
@@ -93,9 +138,20 @@ def test_an_unreadable_verdict_file_means_probing_again(tmp_path):
     path = tmp_path / "cpu-variants.json"
     path.write_text("{not json")
     probed = []
-    choice = choose(_three(tmp_path), lambda v: probed.append(v.name), Verdicts(path, "cpu"))
+    choice = choose(_three(tmp_path), lambda v: probed.append(v.name) or Outcome(), Verdicts(path, "cpu"))
     assert choice.variant.name == "sapphirerapids" and probed == ["sapphirerapids"]
-    assert Verdicts(path, "cpu").get("sapphirerapids") == "ok"  # and the file is whole again
+    assert Verdicts(path, "cpu").get("sapphirerapids") == OK  # and the file is whole again
+
+
+@pytest.mark.parametrize("text", ['{"cpu": "zen4"}', '["cpu"]', '{"cpu": {"zen4": 1, "icelake": "ok"}}', '7'])
+def test_a_verdict_file_of_another_shape_is_read_as_far_as_it_makes_sense(tmp_path, text):
+    """Well-formed JSON of another shape: it stopped every start with a TypeError."""
+    path = tmp_path / "cpu-variants.json"
+    path.write_text(text)
+    verdicts = Verdicts(path, "cpu")
+    assert verdicts.get("zen4") is None
+    verdicts.put("zen4", OK)
+    assert Verdicts(path, "cpu").get("zen4") == OK
 
 
 VARIANT_BUILD = bool(list(backends.library_dir().glob("*ggml-cpu-*")))
