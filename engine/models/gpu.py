@@ -111,7 +111,7 @@ def decide(devices: list[Device], layers: Layers, kv_per_block: int, reserve: in
         why = f"{n} of {total} layers fit {free >> 20} MiB free"
     else:
         n = total if wanted == ALL else min(wanted, total)
-        why = f"--gpu-layers {wanted}"
+        why = f"--gpu-layers {'all' if wanted == ALL else wanted}"
     names = tuple(d.name if d.description in ("", d.name) else f"{d.name} ({d.description})" for d in devices)
     return Placement(n, n, total, names if n else (), why)
 
@@ -131,8 +131,11 @@ def place(path: Path, ctx: int, streams: int, kv_dtype: str, chunk: int, gpu: st
                        requested(gpu_layers))
     global _said_no_gpu
     if devices:
-        log.info("%s: %d/%d layers on %s (%s)", path.name, placement.offloaded, placement.total,
-                 ", ".join(placement.devices) or "no GPU", placement.why)
+        if placement.offloaded:
+            log.info("%s: %d/%d layers on %s (%s)", path.name, placement.offloaded, placement.total,
+                     ", ".join(placement.devices), placement.why)
+        else:
+            log.info("%s: all %d layers on the CPU (%s)", path.name, placement.total, placement.why)
     elif not _said_no_gpu:
         _said_no_gpu = True
         log.info("GPU: %s; models run on the CPU", placement.why)

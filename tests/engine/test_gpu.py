@@ -78,7 +78,8 @@ def test_the_decision_splits_over_the_devices_and_a_count_overrides_it(assets):
     assert placed.offloaded == placed.gpu_layers == placed.total == layers.count
     assert placed.devices == ("Vulkan0 (llvmpipe)", "Vulkan1")
     assert gpu.decide(both[:1], layers, 0, 0, None).offloaded < layers.count  # one of them is not enough
-    assert gpu.decide(both[:1], layers, 0, 0, gpu.ALL).gpu_layers == layers.count
+    everything = gpu.decide(both[:1], layers, 0, 0, gpu.ALL)
+    assert everything.gpu_layers == layers.count and everything.why == "--gpu-layers all"  # not "-1"
     assert gpu.decide(both[:1], layers, 0, 0, 10_000).gpu_layers == layers.count
     assert gpu.decide(both[:1], layers, 0, 0, 7).gpu_layers == 7
     none = gpu.decide(both, layers, 0, 0, 0)
