@@ -291,10 +291,20 @@ def default_config_path() -> Path:
     return Path(platformdirs.user_config_dir(APP_NAME)) / "llamadesk.toml"
 
 
+# what app/main.py runs instead of the server when the first argument names it (each has its own --help)
+COMMANDS = """commands (instead of serving; first on the command line):
+  llamadesk bench ...          llama-bench-style prompt and generation speed of a GGUF (bench --help)
+  llamadesk pull ...           download a catalog entry or a Hugging Face GGUF into the models folder (pull --help)
+  llamadesk rpc-server ...     llama.cpp's rpc-server, for a llamadesk elsewhere to offload to with --rpc
+  llamadesk --install-desktop  a desktop entry and icon for this user (XDG; Linux), pointing at this program
+  llamadesk --uninstall-desktop  remove them"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The CLI, generated from SCHEMA; every flag defaults to 'not given'."""
     p = argparse.ArgumentParser(prog=APP_NAME, description="Run local AI models behind an OpenAI-compatible API.",
-                                argument_default=argparse.SUPPRESS)
+                                argument_default=argparse.SUPPRESS, epilog=COMMANDS,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     for o in SCHEMA:
         names = [o.flag] + ([o.short] if o.short else [])
         default_txt = "" if o.default is None else f" (default: {o.default})"
