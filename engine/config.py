@@ -430,7 +430,8 @@ def _check_gpu_layers(value: Any, where: str) -> None:
     try:
         requested(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"invalid value for {where}: {value!r}; allowed: auto, all, or a number of layers "
+        said = str(value).lower() if isinstance(value, bool) else repr(value)  # as the TOML file spells it
+        raise ConfigError(f"invalid value for {where}: {said}; allowed: auto, all, or a number of layers "
                           "(0: CPU only, -1: all)") from None
 
 

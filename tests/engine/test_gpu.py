@@ -132,6 +132,8 @@ def test_a_roster_entry_gpu_layers_is_checked(tmp_path, value):
     with pytest.raises(ConfigError) as e:
         _load(tmp_path, [], f'[[models]]\nname = "a"\npath = "/m/a.gguf"\ngpu_layers = {value}\n')
     assert "'gpu_layers' in [[models]] entry 1" in str(e.value)
+    if value == "true":
+        assert "entry 1: true;" in str(e.value)  # as the file spells it, not Python's True
 
 
 def _settings(**kw) -> ModelSettings:
