@@ -188,7 +188,9 @@ def check_hardware(base: str, exe: Path, expect_variant: str | None = None, expe
     """/v1/stats' hardware line; a bundle that carries CPU variants must name the one it chose (expect_variant:
     that one; expect_excluded: "name: why" of a variant it passed over)."""
     line = get_json(f"{base}/v1/stats").get("hardware") or ""
-    carried = sorted(p.name for p in exe.parent.rglob("*ggml-cpu-*"))
+    # a macOS .app keeps its executable in Contents/MacOS and the libraries in Contents/Frameworks
+    root = exe.parent.parent if exe.parent.name == "MacOS" else exe.parent
+    carried = sorted(p.name for p in root.rglob("*ggml-cpu-*"))
     if carried and "CPU variant " not in line:
         raise SmokeFailure(f"the bundle carries {len(carried)} CPU variants, and /v1/stats names none: {line!r}")
     if expect_variant and f"; CPU variant {expect_variant};" not in line:
