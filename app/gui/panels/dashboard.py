@@ -31,8 +31,10 @@ class Chart(pg.PlotWidget):
         self.disableAutoRange(axis="x")
         self.getPlotItem().setLabel("left", unit)
         self.getPlotItem().getAxis("left").enableAutoSIPrefix(False)  # the unit says the scale: no "(x0.001)"
-        if counts:
-            self.getViewBox().setLimits(yMin=0, minYRange=1)
+        self.counts = counts
+        if counts:  # ranged by push(): from 0, with a sliver below it for the "0" label
+            self.disableAutoRange(axis="y")
+            self.setYRange(0, 1, padding=0.03)
         self.getPlotItem().getAxis("bottom").setStyle(showValues=False)
         self.addLegend(offset=(5, 5))
         self.lines = {}
@@ -52,6 +54,9 @@ class Chart(pg.PlotWidget):
             self.data[name].append(v)
             ys = np.fromiter(self.data[name], dtype=float)
             self.lines[name].setData(np.arange(HISTORY - len(ys), HISTORY), ys)  # newest at the right edge
+        if self.counts:
+            top = max((max(d) for d in self.data.values() if d), default=0.0)
+            self.setYRange(0, max(1.0, top * 1.05), padding=0.03)
 
 
 class DashboardPanel(QWidget):
