@@ -17,16 +17,19 @@ async def serve(config: Config, stop: asyncio.Event | None = None, argv: list[st
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     host = Host(config, argv, on_shutdown=stop.set)
-    try:
-        await host.start()
-    except EngineError as e:
-        log.error("%s", e.message)
-        return 2
+    # before the models load: a SIGTERM meanwhile (systemd stopping a slow start) is a clean stop once they have
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # Windows, or not the main thread
             pass
+    try:
+        await host.start()
+    except EngineError as e:
+        log.error("%s", e.message)
+        return 2
+    if stop.is_set():
+        log.info("stopping: asked to while the models loaded")
     await stop.wait()
     await host.stop(drain_s=5.0)
     log.info("bye")

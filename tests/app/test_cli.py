@@ -46,6 +46,21 @@ def test_no_gui_serves_a_model_and_stops_on_sigterm(tmp_path, assets):
             proc.kill()
 
 
+def test_a_sigterm_while_the_models_load_is_a_clean_stop(tmp_path, assets):
+    """systemd stopping a slow start: the process exited -15 when the signal came before serving."""
+    with launch(tmp_path, "--model", str(assets["smollm2"])) as proc:
+        try:
+            for line in proc.stderr:
+                if "loading 1 model(s)" in line:
+                    proc.send_signal(signal.SIGTERM)
+                    break
+            rest = proc.stderr.read()
+            assert proc.wait(60) == 0, rest
+            assert "asked to while the models loaded" in rest and "bye" in rest
+        finally:
+            proc.kill()
+
+
 @pytest.mark.parametrize("make, words", [
     (lambda tmp, assets: tmp / "missing.gguf", ["not found", "missing.gguf"]),
     (lambda tmp, assets: (tmp / "text.gguf").write_text("hello") and tmp / "text.gguf", ["not a GGUF file"]),
