@@ -175,6 +175,7 @@ def test_systemd_user_unit_verifies(tmp_path):
     unit = (LINUX / "llamadesk.service").read_text()
     start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
     assert start.split("=", 1)[1].split()[1:] == ["--no-gui"]
+    assert "RestartPreventExitStatus=2" in unit.splitlines()  # a bad config (exit 2) is not restarted every 5 s
     # verify checks that ExecStart exists; the unit's %h/.local/opt path is the user's to fill in
     exe = fake_exe(tmp_path / "opt")
     (tmp_path / "llamadesk.service").write_text(unit.replace(start, f"ExecStart={exe} --no-gui"))
