@@ -55,17 +55,13 @@ class Host:
         taken = None
         try:
             self.server = await start_server(service, self.config, self)
-        except PortInUse as e:
-            if not paused_if_taken:
+        except BaseException as e:
+            if not (paused_if_taken and isinstance(e, PortInUse)):
                 await service.stop()
                 self.service = None
                 raise
             taken = e.message
             log.error("%s: not serving until Serving is pressed (the models are loaded)", taken)
-        except BaseException:
-            await service.stop()
-            self.service = None
-            raise
         if self.server is not None:
             log.info("serving the OpenAI API on %s/v1", self.server.url)
         # What exists now (models, the app's windows, libraries) lives as long as the process: keep
